@@ -1,0 +1,69 @@
+"""Block-diagonal Hadamard transforms along one axis.
+
+The transform of a block ``b`` (a row vector of ``block_size`` consecutive elements along
+``axis``) is ``b @ Q`` with ``Q = diag(signs) @ H / sqrt(block_size)`` and ``H`` the Sylvester
+Hadamard matrix. ``Q`` is orthonormal, so transforming both operands of a GEMM along its
+contraction dimension leaves the product unchanged: ``(A Q)(B Q)^T = A B^T``. Without signs
+``Q`` is symmetric and the transform is its own inverse.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+HADAMARD_BLOCK_SIZES = (16, 32, 64, 128, 256)
+
+
+def hadamard_matrix(n: int, *, dtype: torch.dtype = torch.float32, device=None) -> torch.Tensor:
+    """Sylvester Hadamard matrix of order ``n`` (a power of two), entries +-1, unscaled."""
+    if n < 1 or n & (n - 1):
+        raise ValueError(f"Hadamard order must be a power of two, got {n}")
+    h = torch.ones(1, 1, dtype=dtype, device=device)
+    while h.shape[0] < n:
+        h = torch.cat((torch.cat((h, h), 1), torch.cat((h, -h), 1)), 0)
+    return h
+
+
+def random_signs(block_size: int, seed: int = 0, device=None) -> torch.Tensor:
+    """A seeded +-1 vector for the random-sign variant (same on every device)."""
+    gen = torch.Generator().manual_seed(seed)
+    bits = torch.randint(0, 2, (block_size,), generator=gen)
+    return (1 - 2 * bits).to(dtype=torch.float32, device=device)
+
+
+def hadamard_rotation(
+    block_size: int, signs: torch.Tensor | None = None, *, dtype=torch.float32, device=None
+) -> torch.Tensor:
+    """The orthonormal ``block_size x block_size`` matrix ``Q = diag(signs) H / sqrt(n)``."""
+    q = hadamard_matrix(block_size, dtype=torch.float64, device=device) / math.sqrt(block_size)
+    if signs is not None:
+        if signs.shape != (block_size,):
+            raise ValueError(f"signs must have shape ({block_size},), got {tuple(signs.shape)}")
+        q = signs.to(device=q.device, dtype=q.dtype).unsqueeze(1) * q
+    return q.to(dtype)
+
+
+def hadamard_transform(
+    x: torch.Tensor,
+    *,
+    axis: int = -1,
+    block_size: int = 32,
+    signs: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Apply the block-diagonal Hadamard rotation along ``axis`` (length a multiple of block_size).
+
+    Computed in float32 (float64 for float64 input) and returned in ``x``'s dtype.
+    """
+    if block_size not in HADAMARD_BLOCK_SIZES:
+        raise ValueError(f"block_size must be one of {HADAMARD_BLOCK_SIZES}, got {block_size}")
+    axis = axis % x.dim()
+    if x.shape[axis] % block_size:
+        raise ValueError(
+            f"axis {axis} has length {x.shape[axis]}, not a multiple of block_size {block_size}"
+        )
+    work = torch.float64 if x.dtype == torch.float64 else torch.float32
+    q = hadamard_rotation(block_size, signs, dtype=work, device=x.device)
+    v = x.movedim(axis, -1).to(work).unflatten(-1, (-1, block_size))
+    return (v @ q).flatten(-2).movedim(-1, axis).to(x.dtype)
