@@ -1,0 +1,53 @@
+"""The AdaHOP policy: outlier patterns, strategy tables, calibration votes and frozen plans.
+
+Pure bookkeeping on top of plain tensors: nothing here quantizes (see ``adahop.formats``).
+"""
+
+from .calibration import (
+    DEFAULT_CALIBRATION_STEPS,
+    ModelPlan,
+    PatternRecorder,
+    PatternVotes,
+    attach_pattern_hooks,
+)
+from .patterns import DEFAULT_THRESHOLD, PATTERNS, Pattern, PatternStats, detect_pattern, pattern_stats
+from .strategies import (
+    GEMMS,
+    LEVEL1,
+    LEVEL2,
+    ROLES,
+    TABLES,
+    LayerPlan,
+    Strategy,
+    StrategyTable,
+    gemm_pattern_pairs,
+    get_table,
+    opposite,
+    plan_for_patterns,
+)
+
+__all__ = [
+    "DEFAULT_CALIBRATION_STEPS",
+    "DEFAULT_THRESHOLD",
+    "GEMMS",
+    "LEVEL1",
+    "LEVEL2",
+    "PATTERNS",
+    "ROLES",
+    "TABLES",
+    "LayerPlan",
+    "ModelPlan",
+    "Pattern",
+    "PatternRecorder",
+    "PatternStats",
+    "PatternVotes",
+    "Strategy",
+    "StrategyTable",
+    "attach_pattern_hooks",
+    "detect_pattern",
+    "gemm_pattern_pairs",
+    "get_table",
+    "opposite",
+    "pattern_stats",
+    "plan_for_patterns",
+]
