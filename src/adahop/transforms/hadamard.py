@@ -5,6 +5,12 @@ The transform of a block ``b`` (a row vector of ``block_size`` consecutive eleme
 Hadamard matrix. ``Q`` is orthonormal, so transforming both operands of a GEMM along its
 contraction dimension leaves the product unchanged: ``(A Q)(B Q)^T = A B^T``. Without signs
 ``Q`` is symmetric and the transform is its own inverse.
+
+``hadamard_transform`` computes ``b @ Q`` as a fixed-order fast Walsh-Hadamard butterfly
+(``log2(n)`` stages of one add or subtract per output, strides 1, 2, 4, ...) followed by a
+single multiply by ``1/sqrt(n)``. Unlike a matmul, whose summation order is up to the BLAS,
+every float32 rounding here is pinned down, so the fused Triton quantizer
+(:mod:`adahop.kernels.quantize`) reproduces the transform bit for bit.
 """
 
 from __future__ import annotations
@@ -33,16 +39,46 @@ def random_signs(block_size: int, seed: int = 0, device=None) -> torch.Tensor:
     return (1 - 2 * bits).to(dtype=torch.float32, device=device)
 
 
+def _check_signs(signs: torch.Tensor, block_size: int) -> None:
+    if signs.shape != (block_size,):
+        raise ValueError(f"signs must have shape ({block_size},), got {tuple(signs.shape)}")
+
+
+def check_hadamard_args(length: int, block_size: int, signs: torch.Tensor | None = None) -> None:
+    """Raise a clear error unless ``block_size`` blocks (and ``signs``) fit an axis of ``length``."""
+    if block_size not in HADAMARD_BLOCK_SIZES:
+        raise ValueError(f"block_size must be one of {HADAMARD_BLOCK_SIZES}, got {block_size}")
+    if length % block_size:
+        raise ValueError(f"axis length {length} is not a multiple of block_size {block_size}")
+    if signs is not None:
+        _check_signs(signs, block_size)
+
+
 def hadamard_rotation(
     block_size: int, signs: torch.Tensor | None = None, *, dtype=torch.float32, device=None
 ) -> torch.Tensor:
     """The orthonormal ``block_size x block_size`` matrix ``Q = diag(signs) H / sqrt(n)``."""
     q = hadamard_matrix(block_size, dtype=torch.float64, device=device) / math.sqrt(block_size)
     if signs is not None:
-        if signs.shape != (block_size,):
-            raise ValueError(f"signs must have shape ({block_size},), got {tuple(signs.shape)}")
+        _check_signs(signs, block_size)
         q = signs.to(device=q.device, dtype=q.dtype).unsqueeze(1) * q
     return q.to(dtype)
+
+
+def walsh_hadamard_butterfly(v: torch.Tensor) -> torch.Tensor:
+    """Unnormalized ``v @ H`` along the last axis (a power of two), in ``v``'s dtype.
+
+    Stage ``h`` (1, 2, 4, ...) maps each pair ``(a, b) = (v[i], v[i + h])`` to
+    ``(a + b, a - b)``; the kernel runs the same stages in the same order.
+    """
+    n = v.shape[-1]
+    h = 1
+    while h < n:
+        pairs = v.unflatten(-1, (-1, 2, h))
+        a, b = pairs[..., 0, :], pairs[..., 1, :]
+        v = torch.stack((a + b, a - b), dim=-2).flatten(-3)
+        h *= 2
+    return v
 
 
 def hadamard_transform(
@@ -54,16 +90,14 @@ def hadamard_transform(
 ) -> torch.Tensor:
     """Apply the block-diagonal Hadamard rotation along ``axis`` (length a multiple of block_size).
 
-    Computed in float32 (float64 for float64 input) and returned in ``x``'s dtype.
+    Computed in float32 (float64 for float64 input) by the butterfly above and returned in
+    ``x``'s dtype.
     """
-    if block_size not in HADAMARD_BLOCK_SIZES:
-        raise ValueError(f"block_size must be one of {HADAMARD_BLOCK_SIZES}, got {block_size}")
     axis = axis % x.dim()
-    if x.shape[axis] % block_size:
-        raise ValueError(
-            f"axis {axis} has length {x.shape[axis]}, not a multiple of block_size {block_size}"
-        )
+    check_hadamard_args(x.shape[axis], block_size, signs)
     work = torch.float64 if x.dtype == torch.float64 else torch.float32
-    q = hadamard_rotation(block_size, signs, dtype=work, device=x.device)
     v = x.movedim(axis, -1).to(work).unflatten(-1, (-1, block_size))
-    return (v @ q).flatten(-2).movedim(-1, axis).to(x.dtype)
+    if signs is not None:
+        v = v * signs.to(device=x.device, dtype=work)
+    v = walsh_hadamard_butterfly(v) * torch.tensor(1 / math.sqrt(block_size), dtype=work)
+    return v.flatten(-2).movedim(-1, axis).to(x.dtype)

@@ -1,0 +1,285 @@
+"""Fused (Hadamard +) MX quantization: one read of a 2-D tensor, packed codes and E8M0 scales out.
+
+``quantize_mx_triton(x, ...)`` equals, bit for bit,
+``quantize_mx(hadamard_transform(x, axis=axis, block_size=hb, signs=signs) if hb else x, ...)``
+for every format, scale rule and rounding mode, with stochastic-rounding noise drawn from the
+same Philox stream (``formats.philox``) at the same offsets. ``quantize_mx_triton_both`` writes
+the row-wise copy (blocks along ``in``, for the forward GEMM) and the column-wise copy (blocks
+along tokens, for wgrad/dgrad) from a single read.
+
+Hadamard decision: the transform runs as a fixed-order butterfly (``log2(hb)`` add/subtract
+stages on float32, then one multiply by ``1/sqrt(hb)``), and ``hadamard_transform`` is defined
+by the same butterfly. A ``tl.dot`` against ``H`` sums in an order set by the tensor cores, so
+it could only match the reference to an ulp or two and flip a few codes; the butterfly is exact
+and costs a handful of adds per element in a memory-bound kernel.
+See ``benchmarks/bench_quantize.py`` for the measured bandwidth.
+
+The tensor is processed in ``[block_m, block_n]`` tiles; a tile's block axis holds whole MX
+blocks and whole Hadamard blocks. Runs on CUDA, or on CPU tensors under ``TRITON_INTERPRET=1``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from ..formats.elements import ElementFormat, encode_e2m1, encode_fp8
+from ..formats.mx import ELEMENT_FORMATS, MXTensor, check_quantize_args
+from ..transforms.hadamard import check_hadamard_args
+from .mx_math import (
+    E8M0_NAN,
+    F32_ABS_MASK,
+    F32_BIAS,
+    F32_INF_BITS,
+    bf16_bits_to_float,
+    encode_elements,
+    exp2_int,
+    pack_nibbles,
+    philox_uniform,
+    round_to_bf16,
+    shared_exponent,
+    walsh_hadamard_butterfly,
+)
+
+
+@dataclass(frozen=True)
+class QuantizeTiling:
+    """Tile shape and warps of one program; both tile sides are powers of two."""
+
+    block_m: int = 64
+    block_n: int = 128
+    num_warps: int = 4
+
+
+# The interpreter pays milliseconds per program: give each one a large tile.
+INTERPRETER_TILING = QuantizeTiling(block_m=128, block_n=256, num_warps=1)
+CUDA_TILING = QuantizeTiling()
+
+
+@triton.jit
+def _quantize_tile(
+    v, row_start, col_start, n_rows, length, padded_len,
+    data_ptr, scale_ptr, signs_ptr, seed, hadamard_scale,
+    ROUND_TO: tl.constexpr, HADAMARD: tl.constexpr, HADAMARD_STAGES: tl.constexpr,
+    HAS_SIGNS: tl.constexpr, BLOCK_SIZE: tl.constexpr, RULE: tl.constexpr,
+    STOCHASTIC: tl.constexpr, EMAX: tl.constexpr, EMIN: tl.constexpr, MBITS: tl.constexpr,
+    MAX_NORMAL: tl.constexpr, MAX_CODE: tl.constexpr, ELEMENT_BITS: tl.constexpr,
+):
+    """Quantize float32 tile ``v`` [R, C] with blocks along its last axis and store it.
+
+    Rows are ``row_start + i`` of the output, columns ``col_start + j`` of its block axis
+    (``length`` valid, ``padded_len`` stored).
+    """
+    R: tl.constexpr = v.shape[0]
+    C: tl.constexpr = v.shape[1]
+    rows = row_start + tl.arange(0, R)
+    cols = col_start + tl.arange(0, C)
+
+    if HADAMARD > 0:
+        groups = tl.reshape(v, [R * C // HADAMARD, HADAMARD])
+        if HAS_SIGNS:
+            groups = groups * tl.load(signs_ptr + tl.arange(0, HADAMARD))[None, :]
+        groups = walsh_hadamard_butterfly(groups, HADAMARD_STAGES) * hadamard_scale
+        v = tl.reshape(groups, [R, C])
+        if ROUND_TO == "bf16":  # hadamard_transform returns the input dtype
+            v = round_to_bf16(v)
+        elif ROUND_TO == "fp16":
+            v = v.to(tl.float16).to(tl.float32)
+        v = tl.where(cols[None, :] < length, v, 0.0)  # padding is +0, as in the reference
+
+    blocks = tl.reshape(v, [R, C // BLOCK_SIZE, BLOCK_SIZE])
+    amax_bits = tl.max(blocks.to(tl.int32, bitcast=True) & F32_ABS_MASK, axis=2)
+    finite = amax_bits < F32_INF_BITS  # NaN/Inf blocks: scale code 255, element codes 0
+    s = shared_exponent(amax_bits, RULE, EMAX, MAX_NORMAL, MBITS)
+    # s <= 126 for every finite float32 amax and format, so 2**-s is a normal number.
+    inv_scale = exp2_int(tl.where(finite, -s, 0))
+    scaled = tl.where(finite[:, :, None], blocks * inv_scale[:, :, None], 0.0)
+    scaled = tl.reshape(scaled, [R, C])
+
+    noise = 0.0
+    if STOCHASTIC:
+        noise = philox_uniform(seed, rows[:, None].to(tl.int64) * padded_len + cols[None, :])
+    codes = encode_elements(scaled, noise, STOCHASTIC, MBITS, EMIN, MAX_CODE, ELEMENT_BITS - 1)
+
+    row_ok = rows[:, None] < n_rows
+    if ELEMENT_BITS == 4:
+        codes = pack_nibbles(codes)
+        data_cols = col_start // 2 + tl.arange(0, C // 2)
+        row_bytes = padded_len // 2
+    else:
+        data_cols = cols
+        row_bytes = padded_len
+    data_offs = rows[:, None].to(tl.int64) * row_bytes + data_cols[None, :]
+    tl.store(data_ptr + data_offs, codes, mask=row_ok & (data_cols[None, :] < row_bytes))
+
+    n_blocks = padded_len // BLOCK_SIZE
+    block_cols = col_start // BLOCK_SIZE + tl.arange(0, C // BLOCK_SIZE)
+    scale_codes = tl.where(finite, s + F32_BIAS, E8M0_NAN).to(tl.uint8)
+    scale_offs = rows[:, None].to(tl.int64) * n_blocks + block_cols[None, :]
+    tl.store(scale_ptr + scale_offs, scale_codes, mask=row_ok & (block_cols[None, :] < n_blocks))
+
+
+@triton.jit
+def _quantize_mx_kernel(
+    x_ptr, signs_ptr, row_data_ptr, row_scale_ptr, col_data_ptr, col_scale_ptr,
+    M, N, stride_m, stride_n, m_padded, n_padded, seed, hadamard_scale,
+    ROWWISE: tl.constexpr, COLWISE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    INPUT_BF16: tl.constexpr, ROUND_TO: tl.constexpr, HADAMARD: tl.constexpr,
+    HADAMARD_STAGES: tl.constexpr, HAS_SIGNS: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    RULE: tl.constexpr, STOCHASTIC: tl.constexpr, EMAX: tl.constexpr, EMIN: tl.constexpr,
+    MBITS: tl.constexpr, MAX_NORMAL: tl.constexpr, MAX_CODE: tl.constexpr,
+    ELEMENT_BITS: tl.constexpr,
+):
+    row_start = tl.program_id(0) * BLOCK_M
+    col_start = tl.program_id(1) * BLOCK_N
+    rows = row_start + tl.arange(0, BLOCK_M)
+    cols = col_start + tl.arange(0, BLOCK_N)
+    mask = (rows[:, None] < M) & (cols[None, :] < N)
+    offs = rows[:, None].to(tl.int64) * stride_m + cols[None, :].to(tl.int64) * stride_n
+    x = tl.load(x_ptr + offs, mask=mask, other=0)  # zero padding of partial blocks
+    if INPUT_BF16:
+        x = bf16_bits_to_float(x)
+    else:
+        x = x.to(tl.float32)
+
+    if ROWWISE:
+        _quantize_tile(
+            x, row_start, col_start, M, N, n_padded, row_data_ptr, row_scale_ptr, signs_ptr,
+            seed, hadamard_scale, ROUND_TO, HADAMARD, HADAMARD_STAGES, HAS_SIGNS, BLOCK_SIZE,
+            RULE, STOCHASTIC, EMAX, EMIN, MBITS, MAX_NORMAL, MAX_CODE, ELEMENT_BITS,
+        )
+    if COLWISE:
+        _quantize_tile(
+            tl.trans(x), col_start, row_start, N, M, m_padded, col_data_ptr, col_scale_ptr,
+            signs_ptr, seed, hadamard_scale, ROUND_TO, HADAMARD, HADAMARD_STAGES, HAS_SIGNS,
+            BLOCK_SIZE, RULE, STOCHASTIC, EMAX, EMIN, MBITS, MAX_NORMAL, MAX_CODE, ELEMENT_BITS,
+        )
+
+
+def _max_code(efmt: ElementFormat) -> int:
+    """Code of the largest finite element, where saturation clamps."""
+    top = torch.tensor([efmt.max_normal])
+    return int((encode_e2m1(top) if efmt.bits == 4 else encode_fp8(top, efmt))[0])
+
+
+def _allocate(
+    outer: int, length: int, efmt: ElementFormat, block_size: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    padded = -(-length // block_size) * block_size
+    data = torch.empty(outer, padded * efmt.bits // 8, dtype=torch.uint8, device=device)
+    scales = torch.empty(outer, padded // block_size, dtype=torch.uint8, device=device)
+    return data, scales
+
+
+def _quantize(
+    x: torch.Tensor,
+    fmt: str,
+    *,
+    rowwise: bool,
+    colwise: bool,
+    block_size: int,
+    scale_rule: str,
+    rounding: str,
+    seed: int | None,
+    hadamard_block_size: int | None,
+    signs: torch.Tensor | None,
+    tiling: QuantizeTiling | None,
+) -> tuple[MXTensor | None, MXTensor | None]:
+    check_quantize_args(x, fmt, block_size, scale_rule, rounding)
+    if x.dim() != 2:
+        raise ValueError(f"the fused quantizer takes 2-D tensors, got shape {tuple(x.shape)}")
+    if block_size & (block_size - 1):
+        raise ValueError(f"the fused quantizer needs a power-of-two block_size, got {block_size}")
+    if signs is not None and not hadamard_block_size:
+        raise ValueError("signs are only used with a hadamard_block_size")
+    M, N = x.shape
+    hb = hadamard_block_size or 0
+    if hb:
+        for length in (N,) * rowwise + (M,) * colwise:
+            check_hadamard_args(length, hb, signs)
+    if tiling is None:
+        tiling = CUDA_TILING if x.is_cuda else INTERPRETER_TILING
+
+    efmt = ELEMENT_FORMATS[fmt]
+    # Each tile's block axis must hold whole MX blocks and whole Hadamard blocks.
+    block_m = max(tiling.block_m, block_size, hb) if colwise else tiling.block_m
+    block_n = max(tiling.block_n, block_size, hb) if rowwise else tiling.block_n
+    row = _allocate(M, N, efmt, block_size, x.device) if rowwise else (None, None)
+    col = _allocate(N, M, efmt, block_size, x.device) if colwise else (None, None)
+    signs_arg = signs.to(device=x.device, dtype=torch.float32).contiguous() if signs is not None else x
+    x_arg = x.view(torch.int16) if x.dtype == torch.bfloat16 else x
+    round_to = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(x.dtype, "")
+
+    grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n))
+    _quantize_mx_kernel[grid](
+        x_arg, signs_arg, row[0], row[1], col[0], col[1],
+        M, N, x.stride(0), x.stride(1),
+        -(-M // block_size) * block_size, -(-N // block_size) * block_size,
+        0 if seed is None else seed, 1 / math.sqrt(hb) if hb else 1.0,
+        ROWWISE=rowwise, COLWISE=colwise, BLOCK_M=block_m, BLOCK_N=block_n,
+        INPUT_BF16=x.dtype == torch.bfloat16, ROUND_TO=round_to,
+        HADAMARD=hb, HADAMARD_STAGES=max(hb.bit_length() - 1, 0), HAS_SIGNS=signs is not None,
+        BLOCK_SIZE=block_size, RULE=scale_rule, STOCHASTIC=rounding == "stochastic",
+        EMAX=efmt.emax, EMIN=efmt.emin, MBITS=efmt.mbits, MAX_NORMAL=efmt.max_normal,
+        MAX_CODE=_max_code(efmt), ELEMENT_BITS=efmt.bits,
+        num_warps=tiling.num_warps,
+    )
+
+    def wrap(out: tuple[torch.Tensor, torch.Tensor], axis: int) -> MXTensor:
+        return MXTensor(out[0], out[1], fmt, axis, block_size, x.shape)
+
+    return (wrap(row, 1) if rowwise else None), (wrap(col, 0) if colwise else None)
+
+
+def quantize_mx_triton(
+    x: torch.Tensor,
+    fmt: str = "mxfp4",
+    *,
+    axis: int = -1,
+    block_size: int = 32,
+    scale_rule: str = "floor",
+    rounding: str = "nearest",
+    seed: int | None = None,
+    hadamard_block_size: int | None = None,
+    signs: torch.Tensor | None = None,
+    tiling: QuantizeTiling | None = None,
+) -> MXTensor:
+    """Fused ``quantize_mx(hadamard_transform(x) if hadamard_block_size else x, ...)`` of 2-D ``x``.
+
+    ``axis=-1`` (or 1) puts blocks along rows; ``axis=0`` blocks along columns, stored
+    transposed (``data`` is ``[cols, rows_padded / 2]`` for MXFP4), which is the operand
+    layout that dgrad and wgrad contract over. The Hadamard rotation acts along ``axis`` too.
+    """
+    if axis not in (-2, -1, 0, 1):
+        raise ValueError(f"axis must be one of (-2, -1, 0, 1) for a 2-D tensor, got {axis}")
+    rowwise = axis % 2 == 1
+    row, col = _quantize(
+        x, fmt, rowwise=rowwise, colwise=not rowwise, block_size=block_size,
+        scale_rule=scale_rule, rounding=rounding, seed=seed,
+        hadamard_block_size=hadamard_block_size, signs=signs, tiling=tiling,
+    )
+    return row if rowwise else col
+
+
+def quantize_mx_triton_both(
+    x: torch.Tensor,
+    fmt: str = "mxfp4",
+    *,
+    block_size: int = 32,
+    scale_rule: str = "floor",
+    rounding: str = "nearest",
+    seed: int | None = None,
+    hadamard_block_size: int | None = None,
+    signs: torch.Tensor | None = None,
+    tiling: QuantizeTiling | None = None,
+) -> tuple[MXTensor, MXTensor]:
+    """``(quantize_mx_triton(x, axis=1, ...), quantize_mx_triton(x, axis=0, ...))`` from one read."""
+    return _quantize(
+        x, fmt, rowwise=True, colwise=True, block_size=block_size, scale_rule=scale_rule,
+        rounding=rounding, seed=seed, hadamard_block_size=hadamard_block_size, signs=signs,
+        tiling=tiling,
+    )

@@ -1,0 +1,174 @@
+"""The fused Triton quantizer against the reference ``quantize_mx(hadamard_transform(x))``, bit for bit.
+
+Without a GPU the kernels run in Triton's interpreter, which is chosen when the kernel module
+is imported: set ``TRITON_INTERPRET`` before that import.
+"""
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from adahop.formats import ELEMENT_FORMATS, SCALE_RULES, MXTensor, philox, quantize_mx  # noqa: E402
+from adahop.kernels.mx_math import philox_uniform  # noqa: E402
+from adahop.kernels.quantize import (  # noqa: E402
+    QuantizeTiling,
+    quantize_mx_triton,
+    quantize_mx_triton_both,
+)
+from adahop.transforms.hadamard import (  # noqa: E402
+    HADAMARD_BLOCK_SIZES,
+    hadamard_matrix,
+    hadamard_transform,
+    random_signs,
+)
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+SMALL_TILES = QuantizeTiling(block_m=32, block_n=32, num_warps=1)  # many programs, partial tiles
+
+
+def reference(x, *, axis=-1, hadamard_block_size=None, signs=None, **kwargs) -> MXTensor:
+    if hadamard_block_size:
+        x = hadamard_transform(x, axis=axis, block_size=hadamard_block_size, signs=signs)
+    return quantize_mx(x, axis=axis, **kwargs)
+
+
+def assert_same(got: MXTensor, want: MXTensor) -> None:
+    assert (got.fmt, got.axis, got.block_size, got.shape) == (
+        want.fmt, want.axis, want.block_size, want.shape
+    )
+    assert torch.equal(got.scales.cpu(), want.scales), "E8M0 scales differ"
+    mismatch = (got.data.cpu() != want.data).sum().item()
+    assert mismatch == 0, f"{mismatch} of {want.data.numel()} data bytes differ"
+
+
+def hard_matrix(rows: int, cols: int, dtype=torch.float32) -> torch.Tensor:
+    """Random values over 60 binades, with a zero block, subnormals, a NaN and an Inf block."""
+    gen = torch.Generator().manual_seed(rows * cols)
+    x = torch.randn(rows, cols, generator=gen) * torch.exp2(torch.randint(-30, 30, (rows, 1), generator=gen))
+    x[0, :] = 0.0
+    x[1, :40] = 1e-39  # float32 subnormals (zero in bfloat16/float16)
+    x[2, 5] = float("nan")
+    x[3, 33] = float("-inf")
+    x[:, 1] = 0.0  # a zero in every block of column-wise blocks in the first tile
+    return x.to(dtype)
+
+
+def check(x: torch.Tensor, tiling: QuantizeTiling | None = None, **kwargs) -> None:
+    got = quantize_mx_triton(x.to(DEVICE), tiling=tiling, **kwargs)
+    assert_same(got, reference(x, **kwargs))
+
+
+@pytest.mark.parametrize("fmt", tuple(ELEMENT_FORMATS))
+@pytest.mark.parametrize("scale_rule", SCALE_RULES)
+@pytest.mark.parametrize("axis", (-1, 0))
+def test_round_to_nearest_every_format_and_rule(fmt, scale_rule, axis):
+    check(hard_matrix(70, 100), fmt=fmt, scale_rule=scale_rule, axis=axis)
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16, torch.float16))
+@pytest.mark.parametrize("axis", (-1, 0))
+def test_input_dtypes_odd_shapes_and_small_tiles(dtype, axis):
+    check(hard_matrix(45, 77, dtype), axis=axis, tiling=SMALL_TILES)
+
+
+def test_saturating_blocks_and_strided_input():
+    x = hard_matrix(64, 96)
+    x[:, 10] = 7.9 * torch.exp2(torch.arange(64.0) - 32)  # lands in (6, 8) after a floor scale
+    for axis in (-1, 0):
+        check(x.t(), axis=axis)  # non-contiguous view
+        check(x, axis=axis, scale_rule="floor", fmt="mxfp8_e5m2")
+
+
+@pytest.mark.parametrize("fmt", ("mxfp4", "mxfp8_e4m3"))
+@pytest.mark.parametrize("axis", (-1, 0))
+@pytest.mark.parametrize("seed", (None, 3, 2**40 + 5, -1))
+def test_stochastic_rounding_matches_reference_noise(fmt, axis, seed):
+    check(hard_matrix(50, 90), fmt=fmt, axis=axis, rounding="stochastic", seed=seed)
+
+
+def test_stochastic_rounding_is_seeded():
+    x = torch.randn(64, 128, device=DEVICE)
+    draw = lambda seed: quantize_mx_triton(x, rounding="stochastic", seed=seed).data  # noqa: E731
+    assert torch.equal(draw(11), draw(11))
+    assert not torch.equal(draw(11), draw(12))
+
+
+@triton.jit
+def _philox_uniform_kernel(out_ptr, offsets_ptr, seed, N: tl.constexpr):
+    i = tl.arange(0, N)
+    tl.store(out_ptr + i, philox_uniform(seed, tl.load(offsets_ptr + i)))
+
+
+def test_philox_noise_beyond_32_bit_offsets():
+    offsets = torch.tensor([0, 1, 2**31, 2**32 - 1, 2**32, 2**32 + 7, 2**40 + 3, 2**33], device=DEVICE)
+    out = torch.empty(len(offsets), device=DEVICE)
+    _philox_uniform_kernel[(1,)](out, offsets, 1234, N=len(offsets))
+    assert torch.equal(out.cpu(), philox.uniform(1234, offsets.cpu()))
+
+
+@pytest.mark.parametrize("hadamard_block_size", HADAMARD_BLOCK_SIZES)
+@pytest.mark.parametrize("with_signs", (False, True))
+def test_hadamard_rowwise_bf16(hadamard_block_size, with_signs):
+    signs = random_signs(hadamard_block_size, seed=5) if with_signs else None
+    x = hard_matrix(40, 512, torch.bfloat16)
+    check(x, hadamard_block_size=hadamard_block_size, signs=signs)
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16, torch.float16))
+@pytest.mark.parametrize("rounding", ("nearest", "stochastic"))
+def test_hadamard_columnwise(dtype, rounding):
+    x = hard_matrix(256, 48, dtype)
+    kwargs = dict(axis=0, hadamard_block_size=128, signs=random_signs(128, seed=2), rounding=rounding)
+    check(x, seed=9, scale_rule="rceil", **kwargs)
+
+
+def test_hadamard_with_padding_and_overflow():
+    x = hard_matrix(48, 80)  # 80 = 5 Hadamard blocks of 16, padded to 96 for MX
+    x[4, :16] = 3e38  # the butterfly overflows to Inf, and Inf - Inf = NaN
+    x[5, 16:32] = torch.tensor([3e38, -3e38] * 8)
+    for dtype in (torch.float32, torch.bfloat16):
+        check(x.to(dtype), hadamard_block_size=16, signs=random_signs(16, seed=1))
+
+
+@pytest.mark.parametrize("hadamard_block_size", (None, 32))
+def test_both_orientations_from_one_read(hadamard_block_size):
+    x = hard_matrix(96, 64, torch.bfloat16)
+    kwargs = dict(scale_rule="even", rounding="stochastic", seed=4, hadamard_block_size=hadamard_block_size)
+    rowwise, colwise = quantize_mx_triton_both(x.to(DEVICE), **kwargs)
+    assert_same(rowwise, reference(x, axis=1, **kwargs))
+    assert_same(colwise, reference(x, axis=0, **kwargs))
+
+
+@pytest.mark.parametrize("n", HADAMARD_BLOCK_SIZES)
+def test_butterfly_reference_is_the_orthonormal_rotation(n):
+    """The butterfly that defines ``hadamard_transform`` equals ``v @ H / sqrt(n)`` in float64."""
+    v = torch.randint(-1000, 1000, (4, n), dtype=torch.float64)
+    h = hadamard_matrix(n, dtype=torch.float64)
+    rotated = hadamard_transform(v, block_size=n)
+    assert torch.allclose(rotated, (v @ h) / n**0.5, rtol=1e-15, atol=0)
+    assert torch.allclose(hadamard_transform(rotated, block_size=n), v, rtol=1e-13, atol=1e-10)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(fmt="nvfp4"), "choose one of"),
+        (dict(axis=2), "axis must be one of"),
+        (dict(block_size=24), "power-of-two block_size"),
+        (dict(hadamard_block_size=48), "block_size must be one of"),
+        (dict(hadamard_block_size=64), "not a multiple of block_size 64"),
+        (dict(signs=torch.ones(32)), "only used with a hadamard_block_size"),
+    ],
+)
+def test_errors_name_the_valid_choices(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        quantize_mx_triton(torch.zeros(32, 96, device=DEVICE), **kwargs)
+    with pytest.raises(ValueError, match="2-D"):
+        quantize_mx_triton(torch.zeros(2, 32, 32, device=DEVICE))
