@@ -1,28 +1,18 @@
 """The fused Triton quantizer against the reference ``quantize_mx(hadamard_transform(x))``, bit for bit.
 
-Without a GPU the kernels run in Triton's interpreter, which is chosen when the kernel module
-is imported: set ``TRITON_INTERPRET`` before that import.
+Without a GPU the kernels run in Triton's interpreter (``tests/conftest.py`` sets
+``TRITON_INTERPRET=1``); shapes stay small because the interpreter pays per program.
 """
 
-import os
-
+import pytest
 import torch
+import triton
+import triton.language as tl
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import pytest  # noqa: E402
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
-
-from adahop.formats import ELEMENT_FORMATS, SCALE_RULES, MXTensor, philox, quantize_mx  # noqa: E402
-from adahop.kernels.mx_math import philox_uniform  # noqa: E402
-from adahop.kernels.quantize import (  # noqa: E402
-    QuantizeTiling,
-    quantize_mx_triton,
-    quantize_mx_triton_both,
-)
-from adahop.transforms.hadamard import (  # noqa: E402
+from adahop.formats import ELEMENT_FORMATS, SCALE_RULES, MXTensor, philox, quantize_mx
+from adahop.kernels.mx_math import philox_uniform
+from adahop.kernels.quantize import QuantizeTiling, quantize_mx_triton, quantize_mx_triton_both
+from adahop.transforms.hadamard import (
     HADAMARD_BLOCK_SIZES,
     hadamard_matrix,
     hadamard_transform,
