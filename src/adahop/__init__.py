@@ -1,12 +1,36 @@
 """adahop: fast, accurate MXFP4 training for PyTorch.
 
-Public API (see README): ``quantize_mx``, ``MXTensor``, ``hadamard_transform``,
-``detect_pattern``, ``pattern_stats``, ``AdaHOPLinear``, ``convert_model``, ``Recipe``.
+The layers, from numbers up:
+
+- ``adahop.formats``     MX element grids, E8M0 scale rules, the reference quantizer (the spec)
+- ``adahop.transforms``  block Hadamard transforms
+- ``adahop.policy``      outlier patterns, strategy tables, calibration and frozen plans
+- ``adahop.gemm``        one GEMM under a strategy: operand preparation and the product
+- ``adahop.kernels``     Triton kernels, tested bit-for-bit against the reference
+- ``adahop.nn``          ``AdaHOPLinear`` and ``convert_model``
+- ``adahop.recipes``     ``Recipe``: every knob, registered by name
 """
 
 from .formats import MXTensor, quantize_mx
+from .nn import AdaHOPLinear, convert_model, load_plan, model_plan
+from .policy import detect_pattern, pattern_stats
+from .recipes import RECIPES, Recipe, get_recipe
 from .transforms import hadamard_transform
 
 __version__ = "0.1.0"
 
-__all__ = ["MXTensor", "quantize_mx", "hadamard_transform", "__version__"]
+__all__ = [
+    "RECIPES",
+    "AdaHOPLinear",
+    "MXTensor",
+    "Recipe",
+    "convert_model",
+    "detect_pattern",
+    "get_recipe",
+    "hadamard_transform",
+    "load_plan",
+    "model_plan",
+    "pattern_stats",
+    "quantize_mx",
+    "__version__",
+]

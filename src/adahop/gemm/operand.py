@@ -1,0 +1,143 @@
+"""GEMM operands prepared for one AdaHOP strategy.
+
+Every GEMM of a linear layer is written in one orientation, ``C = L @ R.T`` with ``L`` [M, K]
+and ``R`` [N, K], so both operands have the contraction dimension K last and MX blocks run
+along their rows:
+
+| GEMM    | L          | R          | K   |
+|---------|------------|------------|-----|
+| forward | X [T, in]  | W [out, in]| in  |
+| dgrad   | dY [T, out]| Wᵀ [in, out]| out |
+| wgrad   | dYᵀ [out, T]| Xᵀ [in, T]| T   |
+
+In the method's notation (``C = A B``) ``A = L`` and ``B = Rᵀ``: OE-left extracts rows of L,
+OE-right extracts columns of B, i.e. rows of R. So both extractions take *rows* here.
+
+A prepared operand holds what the GEMM needs and no more: the quantized main part (after the
+inner Hadamard transform, extracted rows zeroed), the extracted rows in high precision, and
+the high-precision operand itself only when the other side's outlier path needs it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..formats import MXTensor, quantize_mx
+from ..policy.strategies import Strategy
+from ..transforms import hadamard_transform
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    """How one operand is quantized: MX format, scale rule, rounding and inner transform."""
+
+    fmt: str | None = "mxfp4"  # None keeps the operand in high precision (transform-only ablations)
+    block_size: int = 32
+    scale_rule: str = "floor"
+    rounding: str = "nearest"
+    hadamard_block_size: int = 32
+    hadamard_signs: torch.Tensor | None = field(default=None, compare=False)
+
+
+@dataclass
+class GemmOperand:
+    """One side of ``C = L @ R.T``, prepared along its last dimension (K)."""
+
+    quantized: MXTensor | torch.Tensor | None = None  # main part; a Tensor when spec.fmt is None
+    dense: torch.Tensor | None = None  # high-precision operand (BF16 GEMM, or the other side's OE)
+    rows: torch.Tensor | None = None  # indices of extracted outlier rows
+    extracted: torch.Tensor | None = None  # those rows, in high precision
+
+    def pack(self) -> tuple[list[torch.Tensor], tuple]:
+        """Tensors for ``ctx.save_for_backward`` (so saved-tensor hooks see them) plus metadata."""
+        q = self.quantized
+        if isinstance(q, MXTensor):
+            parts, meta = [q.data, q.scales], (q.fmt, q.axis, q.block_size, q.shape)
+        else:
+            parts, meta = [q], None
+        parts += [self.dense, self.rows, self.extracted]
+        return parts, meta
+
+    @classmethod
+    def unpack(cls, parts: list[torch.Tensor | None], meta: tuple | None) -> GemmOperand:
+        if meta is None:
+            quantized, rest = parts[0], parts[1:]
+        else:
+            quantized, rest = MXTensor(parts[0], parts[1], *meta), parts[2:]
+        return cls(quantized, *rest)
+
+    def saved_bytes(self) -> int:
+        """Bytes this operand keeps alive (what saving it for backward costs)."""
+        total = 0
+        for t in (self.quantized, self.dense, self.rows, self.extracted):
+            if isinstance(t, MXTensor):
+                total += t.nbytes
+            elif t is not None:
+                total += t.numel() * t.element_size()
+        return total
+
+
+def outlier_rows(t: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the ``k`` rows with the largest abs-max: the rows that would set block scales."""
+    score = t.detach().abs().amax(dim=1).float()
+    return torch.topk(score, min(k, t.shape[0]), sorted=False).indices
+
+
+def _quantize_main(t: torch.Tensor, spec: QuantSpec, rotate: bool, seed: int) -> MXTensor | torch.Tensor:
+    if rotate:
+        pad = -t.shape[-1] % spec.hadamard_block_size  # zero padding of K leaves L @ R.T unchanged
+        if pad:
+            t = torch.nn.functional.pad(t, (0, pad))
+        t = hadamard_transform(
+            t, axis=-1, block_size=spec.hadamard_block_size, signs=spec.hadamard_signs
+        )
+    if spec.fmt is None:
+        return t
+    return quantize_mx(
+        t,
+        spec.fmt,
+        axis=-1,
+        block_size=spec.block_size,
+        scale_rule=spec.scale_rule,
+        rounding=spec.rounding,
+        seed=seed,
+    )
+
+
+def prepare_operand(
+    t: torch.Tensor,
+    strategy: Strategy,
+    side: str,
+    spec: QuantSpec,
+    *,
+    oe_k: int = 64,
+    seed: int = 0,
+    keep_dense: bool | None = None,
+) -> GemmOperand:
+    """Prepare ``t`` ([rows, K]) as the ``side`` ("L" or "R") operand of a GEMM run with ``strategy``.
+
+    ``keep_dense`` defaults to what the strategy needs: the other side's extracted rows are
+    multiplied with this operand in high precision.
+    """
+    if side not in ("L", "R"):
+        raise ValueError(f"side must be 'L' or 'R', got {side!r}")
+    strategy = Strategy(strategy)
+    if strategy is Strategy.BF16:
+        return GemmOperand(dense=t)
+    extracts_here = (strategy is Strategy.OE_LEFT and side == "L") or (
+        strategy is Strategy.OE_RIGHT and side == "R"
+    )
+    extracts_other = strategy in (Strategy.OE_LEFT, Strategy.OE_RIGHT) and not extracts_here
+    if keep_dense is None:
+        keep_dense = extracts_other
+    rotate = strategy is not Strategy.MXFP4
+    op = GemmOperand(dense=t if keep_dense else None)
+    main = t
+    if extracts_here:
+        op.rows = outlier_rows(t, oe_k)
+        op.extracted = t[op.rows]
+        main = t.index_fill(0, op.rows, 0)
+    op.quantized = _quantize_main(main, spec, rotate, seed)
+    return op

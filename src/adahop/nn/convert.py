@@ -1,0 +1,76 @@
+"""``convert_model``: swap a model's ``nn.Linear`` modules for ``AdaHOPLinear`` in place."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from fnmatch import fnmatch
+from pathlib import Path
+
+from torch import nn
+
+from ..policy.calibration import ModelPlan
+from ..recipes import Recipe, get_recipe
+from .linear import AdaHOPLinear
+
+ModuleFilter = Callable[[nn.Module, str], bool]
+
+
+def _excluded(name: str, patterns: tuple[str, ...]) -> bool:
+    leaf = name.rsplit(".", 1)[-1]
+    return any(fnmatch(name, p) or fnmatch(leaf, p) for p in patterns)
+
+
+def convert_model(
+    model: nn.Module,
+    recipe: str | Recipe | dict = "adahop_lv2",
+    *,
+    filter_fn: ModuleFilter | None = None,
+    plan: ModelPlan | str | Path | None = None,
+) -> nn.Module:
+    """Replace every ``nn.Linear`` (except excluded ones) by an ``AdaHOPLinear`` sharing its parameters.
+
+    Args:
+        recipe: a registered name (``bf16``, ``mxfp4``, ``mxfp4_hadamard``, ``adahop_lv1``,
+            ``adahop_lv2``), a ``Recipe``, a dict of recipe fields or a .toml/.json path.
+        filter_fn: ``filter_fn(module, fqn) -> bool``; modules it rejects stay ``nn.Linear``.
+            Modules matching ``recipe.exclude`` (the LM head by default) always stay.
+        plan: a frozen plan (``ModelPlan`` or its JSON path) to skip calibration.
+
+    Returns the same model object, converted in place.
+    """
+    recipe = get_recipe(recipe)
+    targets = [
+        (name, module)
+        for name, module in model.named_modules()
+        if type(module) is nn.Linear
+        and not _excluded(name, recipe.exclude)
+        and (filter_fn is None or filter_fn(module, name))
+    ]
+    for layer_id, (name, linear) in enumerate(targets):
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, AdaHOPLinear.from_linear(linear, recipe, layer_id))
+    if plan is not None:
+        load_plan(model, plan)
+    return model
+
+
+def adahop_layers(model: nn.Module) -> dict[str, AdaHOPLinear]:
+    return {name: m for name, m in model.named_modules() if isinstance(m, AdaHOPLinear)}
+
+
+def model_plan(model: nn.Module) -> ModelPlan:
+    """The frozen plan of every converted layer (layers still calibrating are left out)."""
+    return ModelPlan({name: m.plan for name, m in adahop_layers(model).items() if m.plan is not None})
+
+
+def load_plan(model: nn.Module, plan: ModelPlan | str | Path) -> None:
+    """Freeze layers from a plan (or its JSON file); every converted layer must be covered."""
+    if not isinstance(plan, ModelPlan):
+        plan = ModelPlan.load(plan)
+    layers = adahop_layers(model)
+    missing = sorted(set(layers) - set(plan))
+    if missing:
+        raise ValueError(f"plan has no entry for layers {missing[:5]}{'...' if len(missing) > 5 else ''}")
+    for name, layer in layers.items():
+        layer.set_plan(plan[name])

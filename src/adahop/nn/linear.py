@@ -1,0 +1,232 @@
+"""``AdaHOPLinear``: a drop-in ``nn.Linear`` whose three GEMMs each run their own strategy.
+
+Life of a layer under an adaptive recipe:
+
+1. **Calibration** (``plan is None``): the layer computes exactly like ``nn.Linear`` (BF16 under
+   autocast) while hooks record the outlier patterns of X, W and dY every training step.
+2. **Freeze**: once every tensor has ``recipe.calibration_steps`` votes, the majority patterns
+   pick a (forward, dgrad, wgrad) strategy from the recipe's table; the plan never changes again
+   and is saved in the state_dict (``_extra_state``).
+3. **Training**: each GEMM runs BF16, MXFP4, IHT (inner Hadamard + MXFP4), OE-left or OE-right.
+
+Fixed recipes (``bf16``, ``mxfp4``, ``mxfp4_hadamard``) skip calibration. X and W round to nearest,
+dY rounds stochastically with Philox noise keyed by (recipe seed, layer id, step), so a resumed
+run draws the same noise. What backward needs is saved quantized: X along tokens (wgrad's K) and
+W along ``out`` (dgrad's K), BF16 only for extracted outlier rows.
+
+NaN/Inf in an input block make that MX block NaN (scale code 255), so they propagate to the
+outputs they touch, as they would in ``nn.Linear``; they are never silently zeroed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..gemm.matmul import tn_matmul
+from ..gemm.operand import GemmOperand, QuantSpec, prepare_operand
+from ..policy.calibration import PatternVotes, attach_pattern_hooks
+from ..policy.strategies import LayerPlan, Strategy, get_table, plan_for_patterns
+from ..recipes import Recipe, get_recipe
+from ..transforms import random_signs
+
+_GOLDEN = 0x9E3779B97F4A7C15
+_SEED_MASK = (1 << 63) - 1
+_ROLE_DGRAD, _ROLE_WGRAD = 1, 2
+
+
+def rounding_seed(base: int, layer_id: int, step: int, role: int) -> int:
+    """A distinct, reproducible Philox key per (run seed, layer, step, GEMM role)."""
+    return ((base * _GOLDEN) ^ (layer_id << 40) ^ (step << 2) ^ role) & _SEED_MASK
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """Everything the autograd function needs besides tensors."""
+
+    plan: LayerPlan
+    act: QuantSpec  # X and W: round to nearest
+    grad: QuantSpec  # dY: stochastic rounding by default
+    oe_k: int
+    dgrad_seed: int
+    wgrad_seed: int
+
+
+class _AdaHOPLinearFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, cfg: GemmConfig) -> torch.Tensor:
+        plan = cfg.plan
+        if plan.forward is Strategy.BF16:
+            y = F.linear(x, weight)
+        else:
+            l = prepare_operand(x, plan.forward, "L", cfg.act, oe_k=cfg.oe_k)
+            r = prepare_operand(weight, plan.forward, "R", cfg.act, oe_k=cfg.oe_k)
+            y = tn_matmul(l, r, x.dtype)
+
+        # Backward operands, prepared now from the high-precision tensors (quantize and
+        # transpose do not commute): Xᵀ is wgrad's R, Wᵀ is dgrad's R.
+        wgrad_r = prepare_operand(x.t(), plan.wgrad, "R", cfg.act, oe_k=cfg.oe_k)
+        dgrad_r = prepare_operand(
+            weight.t(), plan.dgrad, "R", cfg.act, oe_k=cfg.oe_k,
+            keep_dense=plan.dgrad in (Strategy.BF16, Strategy.OE_LEFT),
+        )
+        (w_parts, w_meta), (d_parts, d_meta) = wgrad_r.pack(), dgrad_r.pack()
+        ctx.save_for_backward(*w_parts, *d_parts)
+        ctx.split, ctx.metas, ctx.cfg = len(w_parts), (w_meta, d_meta), cfg
+        ctx.dtypes = (x.dtype, weight.dtype)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        cfg, plan = ctx.cfg, ctx.cfg.plan
+        saved = ctx.saved_tensors
+        wgrad_r = GemmOperand.unpack(list(saved[: ctx.split]), ctx.metas[0])
+        dgrad_r = GemmOperand.unpack(list(saved[ctx.split :]), ctx.metas[1])
+        x_dtype, w_dtype = ctx.dtypes
+        grad_x = grad_w = None
+        if ctx.needs_input_grad[0]:
+            l = prepare_operand(grad_out, plan.dgrad, "L", cfg.grad, oe_k=cfg.oe_k, seed=cfg.dgrad_seed)
+            grad_x = tn_matmul(l, dgrad_r, x_dtype)
+        if ctx.needs_input_grad[1]:
+            l = prepare_operand(grad_out.t(), plan.wgrad, "L", cfg.grad, oe_k=cfg.oe_k, seed=cfg.wgrad_seed)
+            grad_w = tn_matmul(l, wgrad_r, w_dtype)
+        return grad_x, grad_w, None
+
+
+class AdaHOPLinear(nn.Linear):
+    """``nn.Linear`` with AdaHOP's per-GEMM low-precision strategies (same parameters and keys)."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        device=None,
+        dtype=None,
+        *,
+        recipe: str | Recipe = "adahop_lv2",
+        layer_id: int = 0,
+    ) -> None:
+        super().__init__(in_features, out_features, bias, device, dtype)
+        self.recipe = get_recipe(recipe)
+        self.layer_id = layer_id
+        self.step = 0  # training forwards run with a frozen plan; keys stochastic rounding
+        self.votes = PatternVotes()
+        self._hooks = None
+        self.plan: LayerPlan | None = None
+        if self.recipe.adaptive:
+            self._hooks = attach_pattern_hooks(self, self.votes, self.recipe.pattern_threshold)
+        else:
+            self.set_plan(LayerPlan.uniform(Strategy(self.recipe.strategy)))
+
+    @classmethod
+    def from_linear(
+        cls, linear: nn.Linear, recipe: str | Recipe = "adahop_lv2", layer_id: int = 0
+    ) -> AdaHOPLinear:
+        """Wrap an existing ``nn.Linear``, sharing (not copying) its parameters."""
+        layer = cls(
+            linear.in_features, linear.out_features, linear.bias is not None,
+            device="meta", recipe=recipe, layer_id=layer_id,
+        )
+        layer.weight = linear.weight
+        layer.bias = linear.bias
+        return layer
+
+    # ---- plan ---------------------------------------------------------------------------
+    @property
+    def calibrating(self) -> bool:
+        return self.plan is None
+
+    def set_plan(self, plan: LayerPlan) -> None:
+        """Freeze the (forward, dgrad, wgrad) strategies; ends calibration."""
+        self.plan = plan
+        if self._hooks is not None:
+            self._hooks.remove()
+            self._hooks = None
+
+    def _maybe_freeze(self) -> None:
+        n = self.recipe.calibration_steps
+        if all(self.votes.count(role) >= n for role in ("x", "w", "g")):
+            self.set_plan(
+                plan_for_patterns(
+                    self.votes.majority("x"), self.votes.majority("w"), self.votes.majority("g"),
+                    get_table(self.recipe.table),
+                )
+            )
+
+    # ---- forward ------------------------------------------------------------------------
+    def _gemm_config(self) -> GemmConfig:
+        r = self.recipe
+        signs = random_signs(r.hadamard_block_size, r.hadamard_seed) if r.hadamard_signs else None
+        act = QuantSpec(r.fmt, r.block_size, r.scale_rule, r.rounding, r.hadamard_block_size, signs)
+        grad = QuantSpec(r.fmt, r.block_size, r.scale_rule, r.grad_rounding, r.hadamard_block_size, signs)
+        return GemmConfig(
+            self.plan, act, grad, r.oe_k,
+            dgrad_seed=rounding_seed(r.seed, self.layer_id, self.step, _ROLE_DGRAD),
+            wgrad_seed=rounding_seed(r.seed, self.layer_id, self.step, _ROLE_WGRAD),
+        )
+
+    def _check_input(self, x: torch.Tensor) -> None:
+        if self.weight.dim() != 2:
+            raise ValueError(f"AdaHOPLinear needs a 2-D weight, got shape {tuple(self.weight.shape)}")
+        if not x.is_floating_point():
+            raise TypeError(f"AdaHOPLinear expects a floating-point input, got {x.dtype}")
+        if x.dim() == 0 or x.shape[-1] != self.in_features:
+            raise ValueError(
+                f"AdaHOPLinear expects input [..., {self.in_features}], got {tuple(x.shape)}"
+            )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self._check_input(x)
+        if self.plan is None:
+            self._maybe_freeze()
+        if self.plan is None or set(self.plan.strategies().values()) == {Strategy.BF16}:
+            return F.linear(x, self.weight, self.bias)
+
+        weight, bias = self.weight, self.bias
+        if torch.is_autocast_enabled(x.device.type):
+            dtype = torch.get_autocast_dtype(x.device.type)
+            x, weight = x.to(dtype), weight.to(dtype)
+            bias = None if bias is None else bias.to(dtype)
+        cfg = self._gemm_config()
+        if self.training and torch.is_grad_enabled():
+            self.step += 1
+        with torch.autocast(x.device.type, enabled=False):
+            y = _AdaHOPLinearFn.apply(x.reshape(-1, self.in_features), weight, cfg)
+        y = y.reshape(*x.shape[:-1], self.out_features)
+        return y if bias is None else y + bias
+
+    # ---- state ----------------------------------------------------------------------------
+    def get_extra_state(self) -> dict[str, Any]:
+        return {
+            "plan": None if self.plan is None else self.plan.to_dict(),
+            "step": self.step,
+            "votes": self.votes.state_dict(),
+        }
+
+    def set_extra_state(self, state: dict[str, Any]) -> None:
+        if not isinstance(state, dict) or not {"plan", "step", "votes"} <= state.keys():
+            raise ValueError(f"corrupt AdaHOPLinear extra state: {state!r}")
+        self.votes.load_state_dict(state["votes"])
+        self.step = int(state["step"])
+        if state["plan"] is not None:
+            self.set_plan(LayerPlan.from_dict(state["plan"]))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
+        # A plain nn.Linear checkpoint has no plan: load it and keep calibrating.
+        missing_before = args[2] if len(args) > 2 else kwargs.get("missing_keys")
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        key = prefix + "_extra_state"
+        if key not in state_dict and missing_before is not None and key in missing_before:
+            missing_before.remove(key)
+
+    def extra_repr(self) -> str:
+        plan = "calibrating" if self.plan is None else (
+            f"forward={self.plan.forward.value}, dgrad={self.plan.dgrad.value}, "
+            f"wgrad={self.plan.wgrad.value}"
+        )
+        return f"{super().extra_repr()}, recipe={self.recipe.name}, {plan}"

@@ -1,0 +1,129 @@
+"""Recipes: one dataclass holding every knob of a low-precision training run, registered by name.
+
+| recipe           | what every converted linear layer does                                   |
+|------------------|--------------------------------------------------------------------------|
+| `bf16`           | all three GEMMs in high precision (the baseline)                         |
+| `mxfp4`          | naive MXFP4 on all three GEMMs, no transform                             |
+| `mxfp4_hadamard` | uniform inner Hadamard (IHT) + MXFP4 on all three GEMMs                  |
+| `adahop_lv1`     | calibrate outlier patterns, then per-GEMM strategies from the level-1 table |
+| `adahop_lv2`     | same with the level-2 table (col-col GEMMs in BF16)                      |
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .formats import ELEMENT_FORMATS, ROUNDING_MODES, SCALE_RULES
+from .policy.strategies import Strategy, get_table
+from .transforms import HADAMARD_BLOCK_SIZES
+
+ADAPTIVE = "adaptive"
+
+
+@dataclass
+class Recipe:
+    """Every knob of AdaHOP's numerics. ``strategy`` is "adaptive" or one Strategy for all GEMMs."""
+
+    name: str = "adahop_lv2"
+    strategy: str = ADAPTIVE
+    table: str | dict[str, str] = "lv2"  # a table name or a user mapping {"row,none": "oe_left", ...}
+    fmt: str = "mxfp4"
+    block_size: int = 32
+    scale_rule: str = "floor"
+    rounding: str = "nearest"  # activations and weights
+    grad_rounding: str = "stochastic"  # output gradients dY
+    hadamard_block_size: int = 32
+    hadamard_signs: bool = False  # seeded random-sign Hadamard variant
+    hadamard_seed: int = 0
+    oe_k: int = 64  # rows/columns moved to the BF16 path by outlier extraction
+    calibration_steps: int = 30
+    pattern_threshold: float = 2.0
+    seed: int = 0  # base seed of stochastic rounding
+    exclude: tuple[str, ...] = ("output", "lm_head")  # module names kept as nn.Linear (fnmatch)
+
+    def __post_init__(self) -> None:
+        self.exclude = tuple(self.exclude)
+        self.validate()
+
+    @property
+    def adaptive(self) -> bool:
+        return self.strategy == ADAPTIVE
+
+    def validate(self) -> None:
+        def check(value: Any, choices: tuple, what: str) -> None:
+            if value not in choices:
+                raise ValueError(f"recipe {self.name!r}: {what}={value!r} is not one of {choices}")
+
+        fixed = tuple(s.value for s in Strategy if s not in (Strategy.OE_LEFT, Strategy.OE_RIGHT))
+        check(self.strategy, (ADAPTIVE, *fixed), "strategy")
+        check(self.fmt, tuple(ELEMENT_FORMATS), "fmt")
+        check(self.scale_rule, SCALE_RULES, "scale_rule")
+        check(self.rounding, ROUNDING_MODES, "rounding")
+        check(self.grad_rounding, ROUNDING_MODES, "grad_rounding")
+        check(self.hadamard_block_size, HADAMARD_BLOCK_SIZES, "hadamard_block_size")
+        if self.block_size <= 0 or self.block_size % 2:
+            raise ValueError(f"recipe {self.name!r}: block_size must be a positive even number")
+        for knob in ("oe_k", "calibration_steps"):
+            if getattr(self, knob) < 1:
+                raise ValueError(f"recipe {self.name!r}: {knob} must be >= 1")
+        if self.pattern_threshold <= 1.0:
+            raise ValueError(f"recipe {self.name!r}: pattern_threshold must be > 1")
+        if self.adaptive:
+            get_table(self.table)  # raises with the valid choices
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["exclude"] = list(self.exclude)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Recipe:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown recipe fields {unknown}; valid fields: {sorted(known)}")
+        base = RECIPES.get(d.get("name", ""), cls())
+        return dataclasses.replace(base, **d)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> Recipe:
+        """Load from ``.toml`` (a ``[recipe]`` table or top-level keys) or ``.json``."""
+        path = Path(path)
+        if path.suffix == ".toml":
+            d = tomllib.loads(path.read_text())
+            d = d.get("recipe", d)
+        elif path.suffix == ".json":
+            d = json.loads(path.read_text())
+        else:
+            raise ValueError(f"recipe files must be .toml or .json, got {path}")
+        return cls.from_dict(d)
+
+
+RECIPES: dict[str, Recipe] = {
+    r.name: r
+    for r in (
+        Recipe(name="bf16", strategy=Strategy.BF16.value),
+        Recipe(name="mxfp4", strategy=Strategy.MXFP4.value),
+        Recipe(name="mxfp4_hadamard", strategy=Strategy.IHT.value),
+        Recipe(name="adahop_lv1", table="lv1"),
+        Recipe(name="adahop_lv2", table="lv2"),
+    )
+}
+
+
+def get_recipe(recipe: str | Recipe | dict[str, Any] | Path) -> Recipe:
+    """A Recipe from a registered name, a dict of fields, a .toml/.json path, or a Recipe."""
+    if isinstance(recipe, Recipe):
+        return recipe
+    if isinstance(recipe, dict):
+        return Recipe.from_dict(recipe)
+    if isinstance(recipe, Path) or str(recipe).endswith((".toml", ".json")):
+        return Recipe.from_file(recipe)
+    if recipe not in RECIPES:
+        raise ValueError(f"unknown recipe {recipe!r}; choose one of {sorted(RECIPES)}")
+    return dataclasses.replace(RECIPES[recipe])

@@ -1,0 +1,251 @@
+"""AdaHOPLinear and convert_model: numerics against fake-quantized math written out here, state, errors."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from adahop import quantize_mx
+from adahop.gemm import QuantSpec, prepare_operand, tn_matmul
+from adahop.nn import AdaHOPLinear, convert_model, load_plan, model_plan
+from adahop.nn.linear import rounding_seed
+from adahop.policy.strategies import LayerPlan, Strategy
+from adahop.transforms import hadamard_transform
+
+STRATEGIES = ["bf16", "mxfp4", "iht", "oe_left", "oe_right"]
+
+
+def fq(t, rounding="nearest", seed=0, rotate=False):
+    """Fake-quantize along the last dim, written from the method text."""
+    t = t.float()
+    if rotate:
+        t = hadamard_transform(t)
+    return quantize_mx(t, rounding=rounding, seed=seed).dequantize()
+
+
+def reference_gemm(l, r, strategy, rounding="nearest", seed=0, k=4):
+    """C = L @ R.T with a strategy, independent of adahop.gemm: masks instead of index ops."""
+    l, r = l.float(), r.float()
+    if strategy == "bf16":
+        return l @ r.T
+    rotate = strategy != "mxfp4"
+    lrows = torch.zeros(l.shape[0], dtype=torch.bool)
+    rrows = torch.zeros(r.shape[0], dtype=torch.bool)
+    if strategy == "oe_left":
+        lrows[l.abs().amax(1).topk(k).indices] = True
+    if strategy == "oe_right":
+        rrows[r.abs().amax(1).topk(k).indices] = True
+    lq = fq(l * ~lrows[:, None], rounding, seed, rotate)
+    rq = fq(r * ~rrows[:, None], "nearest", 0, rotate)
+    c = lq @ rq.T
+    c = torch.where(lrows[:, None], l @ r.T, c)
+    return torch.where(rrows[None, :], l @ r.T, c)
+
+
+def layer_with_plan(plan, in_f=64, out_f=96, k=4, bias=True):
+    torch.manual_seed(0)
+    layer = AdaHOPLinear(in_f, out_f, bias=bias, recipe={"name": "adahop_lv2", "oe_k": k})
+    layer.set_plan(plan)
+    return layer
+
+
+def planted_input(t=64, d=64):
+    x = torch.randn(t, d)
+    x[5] *= 40.0  # outlier token
+    x[:, 7] *= 25.0  # outlier channel
+    return x
+
+
+@pytest.mark.parametrize("fwd", STRATEGIES)
+@pytest.mark.parametrize("dgrad", STRATEGIES)
+def test_forward_and_dgrad_match_fake_quantized_math(fwd, dgrad):
+    layer = layer_with_plan(LayerPlan(fwd, dgrad, "iht"))
+    x = planted_input().requires_grad_()
+    y = layer(x)
+    w = layer.weight.detach()
+    y_ref = reference_gemm(x.detach(), w, fwd) + layer.bias.detach()
+    assert torch.allclose(y, y_ref, rtol=1e-5, atol=1e-5)
+
+    g = torch.randn_like(y)
+    g[3] *= 30.0
+    y.backward(g)
+    seed = rounding_seed(0, layer.layer_id, 0, 1)
+    dx_ref = reference_gemm(g, w.T, dgrad, "stochastic", seed)
+    assert torch.allclose(x.grad, dx_ref, rtol=1e-5, atol=1e-5)
+    assert torch.allclose(layer.bias.grad, g.sum(0))
+
+
+@pytest.mark.parametrize("wgrad", ["bf16", "mxfp4", "iht", "oe_right"])
+def test_wgrad_matches_fake_quantized_math(wgrad):
+    layer = layer_with_plan(LayerPlan("iht", "iht", wgrad))
+    x = planted_input().requires_grad_()
+    y = layer(x)
+    g = torch.randn_like(y)
+    y.backward(g)
+    seed = rounding_seed(0, layer.layer_id, 0, 2)
+    dw_ref = reference_gemm(g.T, x.detach().T, wgrad, "stochastic", seed)
+    assert torch.allclose(layer.weight.grad, dw_ref, rtol=1e-5, atol=1e-5)
+
+
+def test_bf16_strategy_reproduces_nn_linear_exactly():
+    torch.manual_seed(0)
+    ref = nn.Linear(64, 32)
+    ours = convert_model(nn.Sequential(copy.deepcopy(ref)), "bf16")[0]
+    assert isinstance(ours, AdaHOPLinear)
+    x1 = torch.randn(4, 16, 64, requires_grad=True)
+    x2 = x1.detach().clone().requires_grad_()
+    y1, y2 = ref(x1), ours(x2)
+    assert torch.equal(y1, y2)
+    y1.square().sum().backward()
+    y2.square().sum().backward()
+    assert torch.equal(x1.grad, x2.grad)
+    assert torch.equal(ref.weight.grad, ours.weight.grad)
+    assert torch.equal(ref.bias.grad, ours.bias.grad)
+
+
+@pytest.mark.parametrize("signs", [False, True])
+def test_iht_without_quantization_leaves_all_three_products_unchanged(signs):
+    from adahop.transforms import random_signs
+
+    spec = QuantSpec(fmt=None, hadamard_signs=random_signs(32, 1) if signs else None)
+    torch.manual_seed(0)
+    x, w, g = torch.randn(64, 96), torch.randn(48, 96), torch.randn(64, 48)
+    for l, r in ((x, w), (g, w.T), (g.T, x.T)):  # forward, dgrad, wgrad in L @ R.T form
+        out = tn_matmul(prepare_operand(l, "iht", "L", spec), prepare_operand(r, "iht", "R", spec), torch.float32)
+        assert torch.allclose(out, l @ r.T, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("side", ["oe_left", "oe_right"])
+def test_extracted_rows_and_columns_are_exact(side):
+    layer = layer_with_plan(LayerPlan(side, "iht", "iht"), bias=False)
+    x = planted_input()
+    w = layer.weight.detach()
+    w[11] *= 50.0  # an outlier output channel: a column of B = W.T
+    y = layer(x).detach().double()
+    exact = x.double() @ w.double().T
+    quantized_err = (y - exact).norm() / exact.norm()
+    assert quantized_err > 1e-3  # the rest went through MXFP4
+    picked = y[5] if side == "oe_left" else y[:, 11]  # the outlier token row / output channel
+    wanted = exact[5] if side == "oe_left" else exact[:, 11]
+    assert (picked - wanted).norm() / wanted.norm() < 1e-6  # a float32 GEMM, not quantized
+
+
+def test_saved_activation_memory_is_about_4x_below_bf16():
+    def saved_activation_bytes(module, x):
+        params = {p.data_ptr() for p in module.parameters()}
+        total = 0
+
+        def pack(t):
+            nonlocal total
+            if t.untyped_storage().data_ptr() not in params:
+                total += t.numel() * t.element_size()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            module(x)
+        return total
+
+    x = torch.randn(1024, 512, dtype=torch.bfloat16, requires_grad=True)
+    ref = nn.Linear(512, 512, bias=False, dtype=torch.bfloat16)
+    base = saved_activation_bytes(ref, x)
+    for recipe in ("mxfp4", "mxfp4_hadamard"):
+        layer = convert_model(nn.Sequential(copy.deepcopy(ref)), recipe)[0]
+        ours = saved_activation_bytes(layer, x)
+        w_copy = 512 * 512 * (0.5 + 1 / 32)  # W quantized along out for dgrad
+        ratio = base / (ours - w_copy)
+        assert 3.7 < ratio < 3.8, ratio  # 2 bytes -> 0.5 + 1/32 bytes per element
+
+
+def test_state_dict_round_trip_keeps_the_plan():
+    layer = layer_with_plan(LayerPlan("oe_left", "oe_right", "iht", {"x": "row", "w": "none", "g": "col"}))
+    layer(torch.randn(8, 64)).sum().backward()
+    sd = layer.state_dict()
+    assert set(sd) == {"weight", "bias", "_extra_state"}
+    fresh = AdaHOPLinear(64, 96, recipe="adahop_lv2")
+    assert fresh.calibrating
+    fresh.load_state_dict(sd)
+    assert fresh.plan == layer.plan and fresh.step == layer.step
+    assert torch.equal(fresh.weight, layer.weight)
+
+
+def test_loads_a_plain_nn_linear_checkpoint_and_keeps_calibrating():
+    ref = nn.Linear(64, 32)
+    layer = AdaHOPLinear(64, 32, recipe="adahop_lv2")
+    layer.load_state_dict(ref.state_dict())
+    assert layer.calibrating and torch.equal(layer.weight, ref.weight)
+
+
+def test_calibration_freezes_after_n_steps_and_plan_json_skips_it(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8))
+    convert_model(model, {"name": "adahop_lv2", "calibration_steps": 3}, filter_fn=lambda m, n: n != "2")
+    assert isinstance(model[2], nn.Linear) and not isinstance(model[2], AdaHOPLinear)
+    x = torch.randn(64, 64)
+    x[:, 7] *= 25.0  # an outlier channel
+    for _ in range(3):
+        assert model[0].calibrating
+        model(x).square().mean().backward()
+    model(x)  # the first forward after the votes are in freezes the plan
+    assert not model[0].calibrating
+    assert model[0].plan.patterns["x"] == "col"
+
+    plan = model_plan(model)
+    plan.save(tmp_path / "plan.json")
+    other = convert_model(
+        nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8)), "adahop_lv2",
+        filter_fn=lambda m, n: n != "2", plan=tmp_path / "plan.json",
+    )
+    assert other[0].plan == model[0].plan
+    with pytest.raises(ValueError, match="no entry"):
+        load_plan(convert_model(nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64))), plan)
+
+
+@pytest.mark.parametrize("recipe", ["bf16", "mxfp4", "mxfp4_hadamard", "adahop_lv1", "adahop_lv2"])
+def test_small_mlp_trains_with_every_recipe(recipe):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 128), nn.GELU(), nn.Linear(128, 128), nn.GELU(), nn.Linear(128, 32))
+    convert_model(model, {"name": recipe, "calibration_steps": 5})
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    x = torch.randn(256, 32)
+    target = torch.sin(2 * x)
+    losses = []
+    for _ in range(40):
+        loss = (model(x) - target).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0]
+
+
+def test_sequence_shaped_input_and_autocast():
+    layer = AdaHOPLinear(64, 32, recipe="mxfp4_hadamard")
+    x = torch.randn(2, 8, 64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = layer(x)
+    assert y.shape == (2, 8, 32) and y.dtype == torch.bfloat16
+    y.float().sum().backward()
+    assert layer.weight.grad.dtype == torch.float32
+
+
+def test_bad_inputs_get_clear_errors():
+    layer = AdaHOPLinear(64, 32, recipe="mxfp4")
+    with pytest.raises(TypeError, match="floating-point"):
+        layer(torch.ones(4, 64, dtype=torch.int64))
+    with pytest.raises(ValueError, match=r"\[\.\.\., 64\]"):
+        layer(torch.randn(4, 63))
+    layer.weight = nn.Parameter(torch.randn(64))
+    with pytest.raises(ValueError, match="2-D weight"):
+        layer(torch.randn(4, 64))
+    with pytest.raises(ValueError, match="unknown recipe"):
+        AdaHOPLinear(64, 32, recipe="fp3")
+
+
+def test_nan_input_propagates_to_the_outputs_it_touches():
+    layer = AdaHOPLinear(64, 32, recipe="mxfp4")
+    x = torch.randn(4, 64)
+    x[1, 3] = float("nan")
+    y = layer(x)
+    assert torch.isnan(y[1]).all()
+    assert torch.isfinite(y[[0, 2, 3]]).all()
