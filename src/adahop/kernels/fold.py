@@ -1,0 +1,184 @@
+"""Fold MXFP4 block scales into FP8 element values, leaving one float32 scale per row.
+
+Hopper has no FP4 tensor cores, but it has a row-wise scaled FP8 GEMM. Every E2M1 value times
+``2**(block_exp - row_ref_exp + FOLD_OFFSET)`` is exact in E4M3 as long as the block is at most
+``EXACT_BINADES`` binades below the row's largest block (``6 * 2**6 = 384 <= 448`` at the top,
+``0.5 * 2**-8`` = the smallest subnormal at the bottom). The leftover ``2**(row_ref_exp -
+FOLD_OFFSET)`` is the row's scale. Blocks further down lose their smallest elements to
+round-to-nearest-even underflow; the fold counts those elements per row instead of hiding them.
+
+``fold_to_fp8`` runs a Triton kernel (one read of the packed codes and scales, one write of
+FP8) on CUDA or under ``TRITON_INTERPRET=1``, and ``fold_to_fp8_reference`` elsewhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from ..formats import MXTensor
+from ..formats.elements import decode_e2m1
+from ..formats.scales import E8M0_BIAS, E8M0_NAN
+from .mx_triton import INTERPRET, e2m1_to_fp32, unpack_fp4
+
+FOLD_OFFSET = 6  # c for E4M3: the largest E2M1 value 6 * 2**6 = 384 stays below 448
+EXACT_BINADES = 14  # blocks up to this far below their row's reference fold exactly
+# Blocks further below than this flush to zero entirely (6 * 2**-16 < 2**-10, half the smallest
+# E4M3 subnormal); clamping the shift there keeps every intermediate exact in float32.
+FLUSH_SHIFT = -16
+
+# The same numbers as Triton compile-time constants, plus the E4M3 facts the kernel needs.
+_OFFSET = tl.constexpr(FOLD_OFFSET)
+_FLUSH = tl.constexpr(FLUSH_SHIFT)
+_E4M3_NAN = tl.constexpr(0x7F)
+_E4M3_MIN_NORMAL = tl.constexpr(2.0**-6)
+_E4M3_SUBNORMAL_STEPS = tl.constexpr(512.0)  # 1 / 2**-9, the subnormal quantum
+_RNE_MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2**23: (x + magic) - magic rounds to even
+
+
+@dataclass
+class FoldedFP8:
+    """An MXFP4 matrix as E4M3 values times a float32 scale per row."""
+
+    data: torch.Tensor  # float8_e4m3fn [rows, padded_k]
+    row_scale: torch.Tensor  # float32 [rows]
+    lossy_per_row: torch.Tensor  # int32 [rows]: elements that underflowed when folding
+
+    @property
+    def n_lossy(self) -> int:
+        """Elements whose folded value differs from the MXFP4 value (synchronizes on CUDA)."""
+        return int(self.lossy_per_row.sum())
+
+
+def check_fold_operand(mx: MXTensor) -> None:
+    """Folding needs a 2-D MXFP4 matrix blocked along its rows (the GEMM's K axis)."""
+    if not isinstance(mx, MXTensor):
+        raise TypeError(f"expected an MXTensor, got {type(mx).__name__}")
+    if mx.fmt != "mxfp4":
+        raise ValueError(f"folding into FP8 needs fmt='mxfp4', got {mx.fmt!r}")
+    if len(mx.shape) != 2 or mx.axis != 1:
+        raise ValueError(
+            f"expected a 2-D MXTensor with blocks along axis 1 (K last), got shape "
+            f"{tuple(mx.shape)} with axis={mx.axis}; quantize the transposed copy with axis=-1"
+        )
+
+
+def fold_to_fp8_reference(mx: MXTensor) -> FoldedFP8:
+    """Pure PyTorch fold; the specification the Triton kernel is tested against."""
+    check_fold_operand(mx)
+    codes = mx.scales.to(torch.int32)
+    finite = codes != E8M0_NAN
+    ref = torch.where(finite, codes, 0).amax(dim=-1, keepdim=True)
+    shift = torch.clamp(codes - ref + FOLD_OFFSET, min=FLUSH_SHIFT)
+    blocks = decode_e2m1(mx.codes()).unflatten(-1, (-1, mx.block_size))
+    exact = blocks * torch.ldexp(torch.ones_like(blocks[..., 0]), shift).unsqueeze(-1)
+    exact = torch.where(finite.unsqueeze(-1), exact, float("nan")).flatten(-2)
+    data = exact.to(torch.float8_e4m3fn)
+    lossy = (data.to(torch.float32) != exact) & ~exact.isnan()
+    row_scale = torch.ldexp(torch.ones_like(exact[:, 0]), ref.squeeze(-1) - E8M0_BIAS - FOLD_OFFSET)
+    return FoldedFP8(data, row_scale, lossy.sum(dim=-1, dtype=torch.int32))
+
+
+@triton.jit
+def _e4m3_bits_of_folded(x):
+    """E4M3 bits of ``x >= 0``, an E2M1 value times a power of two (so at most 2 significant bits).
+
+    Normal results are exact: re-bias float32's exponent and keep 3 mantissa bits. Below E4M3's
+    smallest normal, round to the subnormal grid with ties to even.
+    """
+    steps = x * _E4M3_SUBNORMAL_STEPS
+    subnormal = ((steps + _RNE_MAGIC) - _RNE_MAGIC).to(tl.int32)
+    bits = x.to(tl.int32, bitcast=True)
+    normal = (((bits >> 23) - (127 - 7)) << 3) | ((bits >> 20) & 7)
+    return tl.where(x < _E4M3_MIN_NORMAL, subnormal, normal), steps != subnormal.to(tl.float32)
+
+
+@triton.jit
+def _fold_kernel(
+    data_ptr,
+    scales_ptr,
+    out_ptr,
+    row_scale_ptr,
+    lossy_ptr,
+    n_rows,
+    n_blocks,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SCALE_CHUNK: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = rows < n_rows
+    n_cols = n_blocks * BLOCK_SIZE
+    scale_rows = scales_ptr + rows.to(tl.int64)[:, None] * n_blocks
+
+    # The row's reference exponent: its largest finite E8M0 code.
+    ref = tl.zeros([BLOCK_R], dtype=tl.int32)
+    for b0 in range(0, n_blocks, SCALE_CHUNK):
+        blk = b0 + tl.arange(0, SCALE_CHUNK)[None, :]
+        codes = tl.load(scale_rows + blk, mask=row_ok[:, None] & (blk < n_blocks), other=0)
+        codes = tl.where(codes == 255, 0, codes.to(tl.int32))
+        ref = tl.maximum(ref, tl.max(codes, axis=1))
+    # 2**(ref - 127 - FOLD_OFFSET) from bits; a subnormal float32 when the biased exponent is <= 0.
+    scale_exp = ref - _OFFSET
+    scale_bits = tl.where(scale_exp > 0, scale_exp << 23, 1 << (22 + scale_exp))
+    tl.store(row_scale_ptr + rows, scale_bits, mask=row_ok)
+
+    in_rows = data_ptr + rows.to(tl.int64)[:, None] * (n_cols // 2)
+    out_rows = out_ptr + rows.to(tl.int64)[:, None] * n_cols
+    n_lossy = tl.zeros([BLOCK_R], dtype=tl.int32)
+    for k0 in range(0, n_cols, BLOCK_K):
+        cols = k0 + tl.arange(0, BLOCK_K)[None, :]
+        ok = row_ok[:, None] & (cols < n_cols)
+        half = k0 // 2 + tl.arange(0, BLOCK_K // 2)[None, :]
+        packed = tl.load(in_rows + half, mask=row_ok[:, None] & (half < n_cols // 2), other=0)
+        codes = unpack_fp4(packed)
+        scale_codes = tl.load(scale_rows + cols // BLOCK_SIZE, mask=ok, other=0).to(tl.int32)
+        shift = tl.maximum(scale_codes - ref[:, None] + _OFFSET, _FLUSH)
+        x = tl.abs(e2m1_to_fp32(codes)) * ((shift + 127) << 23).to(tl.float32, bitcast=True)
+        mag, lossy = _e4m3_bits_of_folded(x)
+        nan = scale_codes == 255
+        fp8 = tl.where(nan, _E4M3_NAN, mag | ((codes & 8).to(tl.int32) << 4))
+        n_lossy += tl.sum((lossy & ~nan & ok).to(tl.int32), axis=1)
+        tl.store(out_rows + cols, fp8.to(tl.uint8), mask=ok)
+    tl.store(lossy_ptr + rows, n_lossy, mask=row_ok)
+
+
+@dataclass(frozen=True)
+class FoldConfig:
+    """Tile of the fold kernel: a memory-bound pass, so one modest tile serves every shape."""
+
+    block_r: int = 16
+    block_k: int = 256
+    scale_chunk: int = 128
+    num_warps: int = 4
+
+
+def fold_to_fp8(mx: MXTensor, config: FoldConfig = FoldConfig()) -> FoldedFP8:
+    """Fold an [R, K] MXFP4 matrix (blocks along K) into E4M3 data and per-row scales."""
+    check_fold_operand(mx)
+    if not (mx.device.type == "cuda" or INTERPRET):
+        return fold_to_fp8_reference(mx)
+    n_rows, n_blocks = mx.scales.shape
+    data = torch.empty(n_rows, n_blocks * mx.block_size, dtype=torch.float8_e4m3fn, device=mx.device)
+    row_scale = torch.empty(n_rows, dtype=torch.float32, device=mx.device)
+    lossy = torch.empty(n_rows, dtype=torch.int32, device=mx.device)
+    grid = (triton.cdiv(n_rows, config.block_r),)
+    _fold_kernel[grid](
+        mx.data.contiguous(),
+        mx.scales.contiguous(),
+        data.view(torch.uint8),
+        row_scale.view(torch.int32),
+        lossy,
+        n_rows,
+        n_blocks,
+        BLOCK_SIZE=mx.block_size,
+        BLOCK_R=config.block_r,
+        BLOCK_K=config.block_k,
+        SCALE_CHUNK=config.scale_chunk,
+        num_warps=config.num_warps,
+    )
+    return FoldedFP8(data, row_scale, lossy)

@@ -1,0 +1,117 @@
+"""``mx_matmul``: ``C = A @ B.T`` for two MXFP4 operands blocked along K, by one of four routes.
+
+Every GEMM of a linear layer can be written in this TN form by quantizing the right copy of each
+operand (see :mod:`adahop.gemm.operand`). Routes, measured on an H200 by
+``benchmarks/bench_gemm.py``:
+
+- ``"fold_fp8"``: fold block scales into E4M3 values and per-row scales
+  (:mod:`adahop.kernels.fold`), then cuBLAS's row-wise scaled FP8 GEMM (``torch._scaled_mm``).
+  The fastest on Hopper; exact up to blocks more than 14 binades below their row's largest,
+  whose underflowed elements are counted (``return_stats=True``).
+- ``"triton_fp8"``: a Triton FP8 GEMM that decodes nibbles in registers and promotes every
+  32-wide block (:mod:`adahop.kernels.gemm_triton`). No underflow; slower.
+- ``"dot_scaled"``: ``tl.dot_scaled`` e2m1 x e2m1, BF16 tensor cores on Hopper.
+- ``"dequant_bf16"``: dequantize to BF16 (exact) and ``torch.matmul``; runs anywhere.
+
+``"auto"`` picks ``fold_fp8`` on Hopper (``triton_fp8`` when N is not a multiple of 16, which
+cuBLAS FP8 refuses) and ``dequant_bf16`` elsewhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..formats import MXTensor
+from .fold import FoldedFP8, check_fold_operand, fold_to_fp8
+from .gemm_triton import OUT_DTYPES, mxfp4_dot_scaled_matmul, mxfp4_fp8_matmul
+
+ROUTES = ("auto", "fold_fp8", "triton_fp8", "dot_scaled", "dequant_bf16")
+HOPPER = (9, 0)
+SCALED_MM_ALIGN = 16  # cuBLAS FP8 needs N (and K) divisible by 16
+
+
+@dataclass(frozen=True)
+class MatmulStats:
+    """Precision the route lost: elements of each operand that underflowed (fold_fp8 only)."""
+
+    route: str
+    lossy_a: int = 0
+    lossy_b: int = 0
+
+
+def check_operands(a: MXTensor, b: MXTensor, out_dtype: torch.dtype) -> None:
+    """Raise a clear error unless ``a`` [M, K] and ``b`` [N, K] are MXFP4 blocked along K."""
+    for name, x in (("a", a), ("b", b)):
+        try:
+            check_fold_operand(x)
+        except (TypeError, ValueError) as err:
+            raise type(err)(f"mx_matmul operand {name}: {err}") from None
+    if a.shape[1] != b.shape[1]:
+        raise ValueError(f"mx_matmul computes a @ b.T: K differs, a is {tuple(a.shape)}, b is {tuple(b.shape)}")
+    if a.block_size != b.block_size:
+        raise ValueError(f"operands have different block sizes: {a.block_size} and {b.block_size}")
+    if a.device != b.device:
+        raise ValueError(f"operands are on different devices: {a.device} and {b.device}")
+    if out_dtype not in OUT_DTYPES:
+        raise ValueError(f"unsupported out_dtype {out_dtype}; choose one of {tuple(OUT_DTYPES)}")
+
+
+def default_route(device: torch.device, n: int) -> str:
+    """The fastest faithful route measured for ``device`` and an output of ``n`` columns."""
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) != HOPPER:
+        return "dequant_bf16"
+    return "fold_fp8" if n % SCALED_MM_ALIGN == 0 else "triton_fp8"
+
+
+def fold_fp8_matmul(
+    a: FoldedFP8, b: FoldedFP8, out_dtype: torch.dtype = torch.bfloat16, use_fast_accum: bool = True
+) -> torch.Tensor:
+    """Row-wise scaled FP8 GEMM of two folded operands: ``(a.data @ b.data.T) * sa[:, None] * sb``.
+
+    ``use_fast_accum`` skips cuBLAS's periodic promotion of the FP8 accumulator; measured faithful
+    (see the benchmark results) and about 10% faster.
+    """
+    return torch._scaled_mm(
+        a.data,
+        b.data.t(),
+        scale_a=a.row_scale[:, None],
+        scale_b=b.row_scale[None, :],
+        out_dtype=out_dtype,
+        use_fast_accum=use_fast_accum,
+    )
+
+
+def mx_matmul(
+    a: MXTensor,
+    b: MXTensor,
+    *,
+    out_dtype: torch.dtype = torch.bfloat16,
+    route: str = "auto",
+    return_stats: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, MatmulStats]:
+    """``A @ B.T`` ([M, N], ``out_dtype``) for MXFP4 ``a`` [M, K] and ``b`` [N, K], blocks along K.
+
+    ``return_stats=True`` also returns a :class:`MatmulStats` counting the elements the route
+    could not represent exactly (this synchronizes with the GPU).
+    """
+    if route not in ROUTES:
+        raise ValueError(f"unknown route {route!r}; choose one of {ROUTES}")
+    check_operands(a, b, out_dtype)
+    if route == "auto":
+        route = default_route(a.device, b.shape[0])
+
+    stats = MatmulStats(route)
+    if route == "fold_fp8":
+        fa, fb = fold_to_fp8(a), fold_to_fp8(b)
+        out = fold_fp8_matmul(fa, fb, out_dtype)
+        if return_stats:
+            stats = MatmulStats(route, fa.n_lossy, fb.n_lossy)
+    elif route == "triton_fp8":
+        out = mxfp4_fp8_matmul(a, b, out_dtype)
+    elif route == "dot_scaled":
+        out = mxfp4_dot_scaled_matmul(a, b, out_dtype)
+    else:
+        out = (a.dequantize(torch.bfloat16) @ b.dequantize(torch.bfloat16).T).to(out_dtype)
+    return (out, stats) if return_stats else out
