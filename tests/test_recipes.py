@@ -1,0 +1,58 @@
+"""Recipes: registry, files, validation."""
+
+import json
+
+import pytest
+
+from adahop import RECIPES, Recipe, get_recipe
+from adahop.policy.strategies import LEVEL1, LEVEL2, get_table
+
+
+def test_registered_recipes():
+    assert set(RECIPES) == {"bf16", "mxfp4", "mxfp4_hadamard", "adahop_lv1", "adahop_lv2"}
+    assert get_recipe("mxfp4_hadamard").strategy == "iht"
+    assert get_table(get_recipe("adahop_lv1").table) == LEVEL1
+    assert get_table(get_recipe("adahop_lv2").table) == LEVEL2
+    assert get_recipe("adahop_lv2").adaptive and not get_recipe("bf16").adaptive
+
+
+def test_get_recipe_returns_a_copy():
+    r = get_recipe("adahop_lv2")
+    r.oe_k = 1
+    assert RECIPES["adahop_lv2"].oe_k == 64
+
+
+def test_toml_and_json_files(tmp_path):
+    (tmp_path / "r.toml").write_text(
+        '[recipe]\nname = "adahop_lv1"\nscale_rule = "rceil"\noe_k = 32\nhadamard_signs = true\n'
+        '[recipe.table]\n"row,row" = "iht"\n"row,none" = "oe_left"\n"row,col" = "oe_right"\n'
+        '"col,row" = "iht"\n"col,none" = "iht"\n"col,col" = "bf16"\n'
+        '"none,row" = "iht"\n"none,none" = "mxfp4"\n"none,col" = "oe_right"\n'
+    )
+    r = get_recipe(tmp_path / "r.toml")
+    assert (r.name, r.scale_rule, r.oe_k, r.hadamard_signs) == ("adahop_lv1", "rceil", 32, True)
+    assert get_table(r.table)[("none", "none")].value == "mxfp4"
+    (tmp_path / "r.json").write_text(json.dumps(r.to_dict()))
+    assert get_recipe(str(tmp_path / "r.json")) == r
+
+
+@pytest.mark.parametrize(
+    "fields,match",
+    [
+        ({"scale_rule": "nearest"}, "scale_rule"),
+        ({"fmt": "fp4"}, "fmt"),
+        ({"strategy": "oe_left"}, "strategy"),
+        ({"hadamard_block_size": 48}, "hadamard_block_size"),
+        ({"oe_k": 0}, "oe_k"),
+        ({"table": "lv3"}, "lv1"),
+        ({"bogus": 1}, "unknown recipe fields"),
+    ],
+)
+def test_bad_values_list_the_choices(fields, match):
+    with pytest.raises(ValueError, match=match):
+        Recipe.from_dict({"name": "adahop_lv2", **fields})
+
+
+def test_unknown_name_lists_valid_recipes():
+    with pytest.raises(ValueError, match="adahop_lv2"):
+        get_recipe("adahop_lv3")
