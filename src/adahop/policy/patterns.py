@@ -6,13 +6,13 @@ large gradients); a *col* pattern means a few columns do (typical of activations
 [tokens, in]: the channel outliers). The method leaves the statistic open; ours is
 
     line magnitude  m_i = mean |t| over line i, leaving out the line's largest element
-    score               = max_i m_i / median_i m_i      (median over non-zero lines)
+    score               = max_i m_i / median_i m_i      (lower median over non-zero lines)
     pattern             = the direction with the larger score if it is >= threshold, else none
 
 with the threshold 2.0 that a secondary source mentions. Why these choices:
 
 - A mean of magnitudes (L1), not the abs-max or L2 norm: a pattern is a line whose *typical*
-  magnitude is large, so that it crushes many MX blocks, not one.
+  magnitude is large: such a line crushes many MX blocks, not one.
 - Leaving out each line's largest element makes the statistic blind to isolated spikes: a lone
   huge value would otherwise lift its row and its column alike.
 - The median, not the mean: robust to the outlier lines themselves. All-zero lines (padding
@@ -84,7 +84,7 @@ def _line_scores(line_means: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return score, top_index
 
 
-def _decide(row_score: float, col_score: float, threshold: float = DEFAULT_THRESHOLD) -> Pattern:
+def _decide(row_score: float, col_score: float, threshold: float) -> Pattern:
     """The pattern for a pair of scores: the larger one wins if it reaches ``threshold``."""
     if max(row_score, col_score) < threshold or row_score == col_score:
         return "none"
@@ -109,7 +109,7 @@ def pattern_stats(t: torch.Tensor, threshold: float = DEFAULT_THRESHOLD) -> Patt
     row_score, top_row = _line_scores(row_means)
     col_score, top_col = _line_scores(col_means)
     finite = torch.isfinite(row_means).all() & torch.isfinite(col_means).all()
-    summary = torch.stack([row_score, col_score, top_row, top_col, finite]).double()
+    summary = torch.stack([v.double() for v in (row_score, col_score, top_row, top_col, finite)])
     row_score, col_score, top_row, top_col, finite = summary.tolist()  # one host sync
     if not finite:
         raise ValueError(f"pattern_stats: tensor of shape {(n_rows, n_cols)} holds NaN or Inf")
