@@ -2,7 +2,6 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from adahop.models import (
     MODEL_PRESETS,
@@ -165,7 +164,13 @@ def test_llama_preset_shapes():
 
 def test_tiny_is_the_default_shape():
     args = get_model_args("tiny")
-    assert (args.dim, args.n_layers, args.n_heads, args.n_kv_heads, args.max_seq_len) == (256, 4, 4, 2, 256)
+    assert (args.dim, args.n_layers, args.n_heads, args.n_kv_heads, args.max_seq_len) == (
+        256,
+        4,
+        4,
+        2,
+        256,
+    )
 
 
 def test_build_model_overrides():

@@ -59,9 +59,13 @@ class ModelArgs:
 
 MODEL_PRESETS: dict[str, ModelArgs] = {
     # CPU default: ~7M parameters with the embedded corpus' 8k tokenizer.
-    "tiny": ModelArgs(dim=256, n_layers=4, n_heads=4, n_kv_heads=2, vocab_size=8192, max_seq_len=256),
+    "tiny": ModelArgs(
+        dim=256, n_layers=4, n_heads=4, n_kv_heads=2, vocab_size=8192, max_seq_len=256
+    ),
     # ~46M parameters with an 8k vocabulary.
-    "small": ModelArgs(dim=512, n_layers=12, n_heads=8, n_kv_heads=4, vocab_size=8192, max_seq_len=512),
+    "small": ModelArgs(
+        dim=512, n_layers=12, n_heads=8, n_kv_heads=4, vocab_size=8192, max_seq_len=512
+    ),
     # GPT-3 Small / Medium shapes; the names count parameters with a 32k vocabulary.
     "125m": ModelArgs(
         dim=768, n_layers=12, n_heads=12, n_kv_heads=4, vocab_size=32768, max_seq_len=2048
@@ -71,15 +75,32 @@ MODEL_PRESETS: dict[str, ModelArgs] = {
     ),
     # Meta's shapes. Llama 3.2 1B and 3B tie the LM head to the embedding, Llama 3 8B does not.
     "llama3_1b": ModelArgs(
-        dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, vocab_size=128256, ffn_hidden=8192,
-        max_seq_len=8192, tie_embeddings=True,
+        dim=2048,
+        n_layers=16,
+        n_heads=32,
+        n_kv_heads=8,
+        vocab_size=128256,
+        ffn_hidden=8192,
+        max_seq_len=8192,
+        tie_embeddings=True,
     ),
     "llama3_3b": ModelArgs(
-        dim=3072, n_layers=28, n_heads=24, n_kv_heads=8, vocab_size=128256, ffn_hidden=8192,
-        max_seq_len=8192, tie_embeddings=True,
+        dim=3072,
+        n_layers=28,
+        n_heads=24,
+        n_kv_heads=8,
+        vocab_size=128256,
+        ffn_hidden=8192,
+        max_seq_len=8192,
+        tie_embeddings=True,
     ),
     "llama3_8b": ModelArgs(
-        dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, vocab_size=128256, ffn_hidden=14336,
+        dim=4096,
+        n_layers=32,
+        n_heads=32,
+        n_kv_heads=8,
+        vocab_size=128256,
+        ffn_hidden=14336,
         max_seq_len=8192,
     ),
 }
@@ -139,7 +160,9 @@ class Attention(nn.Module):
         v = self.wv(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         n_rep = self.n_heads // self.n_kv_heads
-        out = F.scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), is_causal=True)
+        out = F.scaled_dot_product_attention(
+            q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), is_causal=True
+        )
         return self.wo(out.transpose(1, 2).reshape(b, t, -1))
 
 
@@ -204,7 +227,9 @@ class Transformer(nn.Module):
         cross-entropy (computed in fp32) when ``targets`` is given."""
         seq_len = tokens.shape[1]
         if seq_len > self.args.max_seq_len:
-            raise ValueError(f"sequence length {seq_len} exceeds max_seq_len {self.args.max_seq_len}")
+            raise ValueError(
+                f"sequence length {seq_len} exceeds max_seq_len {self.args.max_seq_len}"
+            )
         cos, sin = self.rope_cos[:seq_len], self.rope_sin[:seq_len]
         h = self.tok_embeddings(tokens)
         for layer in self.layers:
@@ -221,7 +246,9 @@ class Transformer(nn.Module):
 def get_model_args(name: str) -> ModelArgs:
     """A copy of the preset ``name``."""
     if name not in MODEL_PRESETS:
-        raise ValueError(f"unknown model preset {name!r}; valid presets: {', '.join(MODEL_PRESETS)}")
+        raise ValueError(
+            f"unknown model preset {name!r}; valid presets: {', '.join(MODEL_PRESETS)}"
+        )
     return dataclasses.replace(MODEL_PRESETS[name])
 
 
@@ -231,7 +258,9 @@ def build_model(preset: str, vocab_size: int | None = None, **overrides) -> Tran
     valid = {f.name for f in dataclasses.fields(ModelArgs)}
     unknown = sorted(set(overrides) - valid)
     if unknown:
-        raise ValueError(f"unknown ModelArgs fields {unknown}; valid fields: {', '.join(sorted(valid))}")
+        raise ValueError(
+            f"unknown ModelArgs fields {unknown}; valid fields: {', '.join(sorted(valid))}"
+        )
     if vocab_size is not None:
         overrides["vocab_size"] = vocab_size
     return Transformer(dataclasses.replace(get_model_args(preset), **overrides))

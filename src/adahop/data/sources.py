@@ -1,0 +1,204 @@
+"""Text sources: where documents come from (local files, or Hugging Face ``datasets``).
+
+A source yields documents (strings) in a fixed order and has a fingerprint that changes when
+its content may have, which keys the tokenizer and token caches. ``parse_data_spec`` turns a
+``--data`` value into a source:
+
+- a ``.txt`` / ``.py`` file (one document per file), a ``.jsonl`` file (one document per line,
+  field ``text``), a ``.parquet`` file (one document per row, column ``text``);
+- a directory (every supported file below it) or a glob (``data/*.jsonl``), in sorted order;
+- ``hf:NAME[:CONFIG]``: the ``train`` split of a Hugging Face dataset, streamed (nothing is
+  downloaded beyond what is read) and capped at ``max_bytes`` of text.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+
+from .cache import content_key
+
+TEXT_FIELD = "text"
+HF_PREFIX = "hf:"
+HF_MAX_BYTES = 2**30  # text read from a streamed dataset: about 250M tokens
+DATA_SPEC_HELP = (
+    "--data takes a .txt, .py, .jsonl or .parquet file, a directory or glob of them, "
+    "or hf:NAME[:CONFIG]"
+)
+
+
+class DataSourceError(ValueError):
+    """A ``--data`` value or a data file that cannot be used."""
+
+
+class TextSource(ABC):
+    name: str
+
+    @abstractmethod
+    def fingerprint(self) -> str:
+        """Changes whenever the documents may have changed."""
+
+    @abstractmethod
+    def documents(self) -> Iterator[str]:
+        """The non-empty documents, always in the same order."""
+
+    def size_hint(self) -> int | None:
+        """Approximate bytes of text, for progress bars; None if unknown."""
+        return None
+
+
+def take_bytes(documents: Iterable[str], max_bytes: int) -> Iterator[str]:
+    """Documents until ``max_bytes`` of UTF-8 text have been yielded (the last one whole)."""
+    n_bytes = 0
+    for doc in documents:
+        if n_bytes >= max_bytes:
+            return
+        yield doc
+        n_bytes += len(doc.encode())
+
+
+def _read_text(path: Path) -> Iterator[str]:
+    yield path.read_text(encoding="utf-8", errors="replace")
+
+
+def _read_jsonl(path: Path) -> Iterator[str]:
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataSourceError(f"{path}:{lineno}: not valid JSON ({e})") from None
+            if not isinstance(row, dict) or TEXT_FIELD not in row:
+                fields = sorted(row) if isinstance(row, dict) else type(row).__name__
+                raise DataSourceError(f"{path}:{lineno}: no {TEXT_FIELD!r} field (found {fields})")
+            yield row[TEXT_FIELD]
+
+
+def _read_parquet(path: Path) -> Iterator[str]:
+    import pyarrow.parquet as pq  # optional dependency: only parquet users need it
+
+    parquet = pq.ParquetFile(path)
+    columns = parquet.schema_arrow.names
+    if TEXT_FIELD not in columns:
+        raise DataSourceError(f"{path}: no {TEXT_FIELD!r} column (columns: {', '.join(columns)})")
+    for batch in parquet.iter_batches(columns=[TEXT_FIELD]):
+        yield from batch.column(0).to_pylist()
+
+
+READERS: dict[str, Callable[[Path], Iterator[str]]] = {
+    ".txt": _read_text,
+    ".py": _read_text,
+    ".jsonl": _read_jsonl,
+    ".parquet": _read_parquet,
+}
+PLAIN_TEXT_SUFFIXES = (".txt", ".py")
+
+
+class FileSource(TextSource):
+    """Local files, read in the given order."""
+
+    def __init__(self, paths: list[Path], name: str | None = None) -> None:
+        unsupported = [str(p) for p in paths if p.suffix not in READERS]
+        if unsupported:
+            raise DataSourceError(
+                f"unsupported file type: {', '.join(unsupported[:3])}; "
+                f"supported suffixes: {', '.join(READERS)}"
+            )
+        self.paths = paths
+        self.name = name or (str(paths[0]) if len(paths) == 1 else f"{len(paths)} files")
+
+    def fingerprint(self) -> str:
+        stats = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in self.paths]
+        return content_key("files", stats)
+
+    def documents(self) -> Iterator[str]:
+        for path in self.paths:
+            yield from (doc for doc in READERS[path.suffix](path) if doc)
+
+    def size_hint(self) -> int | None:
+        if all(p.suffix in PLAIN_TEXT_SUFFIXES for p in self.paths):
+            return sum(p.stat().st_size for p in self.paths)
+        return None
+
+
+class HFSource(TextSource):
+    """A split of a Hugging Face dataset, streamed, first ``max_bytes`` of text only.
+
+    ``data_files`` is passed through to ``datasets.load_dataset``, which lets a generic builder
+    such as ``"json"`` or ``"parquet"`` stream local or remote files.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        config: str | None = None,
+        split: str = "train",
+        data_files: str | list[str] | None = None,
+        max_bytes: int = HF_MAX_BYTES,
+    ) -> None:
+        self.path, self.config, self.split = path, config, split
+        self.data_files, self.max_bytes = data_files, max_bytes
+        self.name = HF_PREFIX + path + (f":{config}" if config else "")
+
+    def fingerprint(self) -> str:
+        return content_key(
+            "hf", self.path, self.config, self.split, self.data_files, self.max_bytes
+        )
+
+    def documents(self) -> Iterator[str]:
+        try:
+            import datasets
+        except ImportError:
+            raise DataSourceError(
+                f"--data {self.name} needs Hugging Face datasets: pip install datasets"
+            ) from None
+        rows = datasets.load_dataset(
+            self.path, self.config, split=self.split, data_files=self.data_files, streaming=True
+        )
+        yield from take_bytes(self._texts(rows), self.max_bytes)
+
+    def _texts(self, rows: Iterable[dict]) -> Iterator[str]:
+        for row in rows:
+            if TEXT_FIELD not in row:
+                raise DataSourceError(
+                    f"{self.name}: no {TEXT_FIELD!r} column (columns: {', '.join(row)})"
+                )
+            if row[TEXT_FIELD]:
+                yield row[TEXT_FIELD]
+
+    def size_hint(self) -> int | None:
+        return self.max_bytes
+
+
+def _expand_paths(spec: str) -> list[Path]:
+    if any(ch in spec for ch in "*?["):
+        paths = sorted(Path(p) for p in glob.glob(spec, recursive=True) if Path(p).is_file())
+        if not paths:
+            raise DataSourceError(f"--data {spec!r}: the glob matches no files")
+        return paths
+    path = Path(spec).expanduser()
+    if path.is_file():
+        return [path]
+    if path.is_dir():
+        paths = sorted(p for p in path.rglob("*") if p.suffix in READERS and p.is_file())
+        if not paths:
+            raise DataSourceError(
+                f"--data {spec!r}: no {', '.join(READERS)} files in this directory"
+            )
+        return paths
+    raise DataSourceError(f"--data {spec!r}: no such file or directory; {DATA_SPEC_HELP}")
+
+
+def parse_data_spec(spec: str) -> TextSource:
+    """The source named by a ``--data`` value (see the module docstring)."""
+    if spec.startswith(HF_PREFIX):
+        name, _, config = spec[len(HF_PREFIX) :].partition(":")
+        if not name:
+            raise DataSourceError(f"--data {spec!r}: missing dataset name; {DATA_SPEC_HELP}")
+        return HFSource(name, config or None)
+    return FileSource(_expand_paths(spec), name=spec)
