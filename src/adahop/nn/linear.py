@@ -30,7 +30,7 @@ from torch import nn
 from ..gemm.matmul import tn_matmul
 from ..gemm.operand import GemmOperand, QuantSpec, prepare_operand
 from ..policy.calibration import PatternVotes, attach_pattern_hooks
-from ..policy.strategies import LayerPlan, Strategy, get_table, plan_for_patterns
+from ..policy.strategies import LayerPlan, Strategy
 from ..recipes import Recipe, get_recipe
 from ..transforms import random_signs
 
@@ -151,12 +151,7 @@ class AdaHOPLinear(nn.Linear):
     def _maybe_freeze(self) -> None:
         n = self.recipe.calibration_steps
         if all(self.votes.count(role) >= n for role in ("x", "w", "g")):
-            self.set_plan(
-                plan_for_patterns(
-                    self.votes.majority("x"), self.votes.majority("w"), self.votes.majority("g"),
-                    get_table(self.recipe.table),
-                )
-            )
+            self.set_plan(self.votes.plan(self.recipe.table))
 
     # ---- forward ------------------------------------------------------------------------
     def _gemm_config(self) -> GemmConfig:
