@@ -247,7 +247,7 @@ def test_validation_batches_are_fixed_consecutive_windows(data):
     assert [len(x) for x, _ in all_batches] == [2, 2, 2]
     assert [len(x) for x, _ in validation_batches(ramp(42), 2, 8)] == [2, 2, 1]
     with pytest.raises(ValueError, match="val_fraction"):
-        next(validation_batches(ramp(8), 2, 8))
+        validation_batches(ramp(8), 2, 8)  # raised at once, not at the first batch
 
 
 # --- --data sources ----------------------------------------------------------------------------

@@ -114,6 +114,22 @@ def test_loss_decreases_on_a_fixed_batch():
     assert losses[-1] < 0.5 * losses[0]
 
 
+def test_meta_build_then_to_empty_and_init_weights():
+    with torch.device("meta"):
+        model = build_model("tiny", **SMALL)
+    model.to_empty(device="cpu")
+    model.init_weights()
+    reference = make_model()
+    torch.testing.assert_close(model.rope_cos, reference.rope_cos, rtol=0, atol=0)
+    torch.testing.assert_close(model.rope_sin, reference.rope_sin, rtol=0, atol=0)
+    _, loss = model(torch.randint(0, 97, (2, 32)), torch.randint(0, 97, (2, 32)))
+    assert abs(loss.item() - math.log(97)) < 0.1
+
+
+def test_rope_buffers_are_not_saved():
+    assert not any(key.startswith("rope_") for key in make_model().state_dict())
+
+
 def test_tied_embeddings_share_the_weight():
     model = make_model(tie_embeddings=True)
     assert model.output.weight is model.tok_embeddings.weight

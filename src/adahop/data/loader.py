@@ -92,5 +92,4 @@ def validation_batches(
     if max_batches is not None:
         n = min(n, max_batches * batch_size)
     starts = np.arange(n) * seq_len
-    for i in range(0, n, batch_size):
-        yield windows(tokens, starts[i : i + batch_size], seq_len)
+    return (windows(tokens, starts[i : i + batch_size], seq_len) for i in range(0, n, batch_size))

@@ -202,17 +202,23 @@ class Transformer(nn.Module):
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
         if args.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
-        # Derived from args, so not saved in checkpoints.
-        cos, sin = rope_tables(args.head_dim, args.max_seq_len, args.rope_theta)
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
+        # Derived from args, so not saved in checkpoints; filled by init_weights.
+        table_shape = (args.max_seq_len, args.head_dim // 2)
+        self.register_buffer("rope_cos", torch.empty(table_shape), persistent=False)
+        self.register_buffer("rope_sin", torch.empty(table_shape), persistent=False)
         self.init_weights()
 
     @torch.no_grad()
     def init_weights(self) -> None:
         """Normal(0, 0.02) everywhere; the projections that write into the residual stream
-        (wo, w2) are scaled by 1/sqrt(2 * n_layers) so its variance does not grow with depth."""
-        residual_std = INIT_STD / math.sqrt(2 * self.args.n_layers)
+        (wo, w2) are scaled by 1/sqrt(2 * n_layers) so its variance does not grow with depth.
+        Also fills the rotary tables, so a model built on the meta device and materialized with
+        ``to_empty`` is complete after one call."""
+        args = self.args
+        cos, sin = rope_tables(args.head_dim, args.max_seq_len, args.rope_theta)
+        self.rope_cos.copy_(cos)
+        self.rope_sin.copy_(sin)
+        residual_std = INIT_STD / math.sqrt(2 * args.n_layers)
         for name, module in self.named_modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 is_residual_out = name.endswith(("attention.wo", "feed_forward.w2"))
