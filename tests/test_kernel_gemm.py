@@ -1,29 +1,18 @@
 """MXFP4 GEMM routes and the FP8 fold, against float64 math and ml_dtypes.
 
-Without CUDA the Triton kernels run under TRITON_INTERPRET=1 (set before triton is imported);
-with CUDA the same tests run the compiled kernels on the GPU.
+Without CUDA the Triton kernels run under TRITON_INTERPRET=1 (conftest.py sets it); with CUDA
+the same tests run the compiled kernels on the GPU.
 """
 
-import os
-
+import ml_dtypes
+import numpy as np
+import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import ml_dtypes  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-
-from adahop.formats import MXTensor, quantize_mx  # noqa: E402
-from adahop.kernels.fold import (  # noqa: E402
-    EXACT_BINADES,
-    FOLD_OFFSET,
-    fold_to_fp8,
-    fold_to_fp8_reference,
-)
-from adahop.kernels.gemm import MatmulStats, mx_matmul  # noqa: E402
-from adahop.kernels.mx_triton import INTERPRET  # noqa: E402
+from adahop.formats import MXTensor, quantize_mx
+from adahop.kernels.fold import EXACT_BINADES, FOLD_OFFSET, fold_to_fp8, fold_to_fp8_reference
+from adahop.kernels.gemm import MatmulStats, mx_matmul
+from adahop.kernels.mx_triton import INTERPRET
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)

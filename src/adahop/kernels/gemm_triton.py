@@ -24,21 +24,20 @@ MX_BLOCK = 32  # the kernels promote once per 32-element scale block
 _MX = tl.constexpr(MX_BLOCK)
 OUT_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
-# Hopper tiles: 128-wide wgmma tiles, deep enough pipelines to hide the nibble decoding.
+# Hopper tiles. Each 32-wide block needs a fresh partial product next to the accumulator, so a
+# 128x128 tile wants two warpgroups (8 warps) to keep both in registers without spilling.
 _FP8_CONFIGS = [
     triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, num_stages=s, num_warps=w)
     for bm, bn, bk, s, w in [
-        (128, 128, 64, 4, 4),
-        (128, 128, 128, 3, 4),
+        (128, 128, 64, 4, 8),
+        (128, 128, 128, 3, 8),
         (128, 128, 128, 4, 8),
-        (128, 256, 64, 3, 8),
-        (128, 256, 128, 3, 8),
-        (256, 128, 128, 3, 8),
+        (64, 128, 128, 4, 4),
     ]
 ]
 _DOT_SCALED_CONFIGS = [
-    triton.Config({"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": bk, "GROUP_M": 8}, num_stages=s, num_warps=8)
-    for bk, s in [(128, 3), (256, 3)]
+    triton.Config({"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": bk, "GROUP_M": 8}, num_stages=3, num_warps=8)
+    for bk in (128, 256)
 ]
 # The interpreter cannot autotune (no device to time on): one small tile, many rows per program.
 _INTERPRET_META = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 64, "GROUP_M": 2}

@@ -1,0 +1,189 @@
+"""TFLOP/s of every ``mx_matmul`` route against cuBLAS BF16 on the Llama-3-8B linear shapes.
+
+Each route runs from MXFP4 operands: ``fold_fp8`` is timed with its fold (end to end) and
+without (operands folded beforehand, as a fold fused into quantization would leave them).
+Accuracy is the relative Frobenius error against a float64 GEMM of the dequantized operands, on
+sampled rows, with FP32 output (and with BF16 output against the rounded reference). A second
+input whose blocks span 20 binades per row shows the fold's underflow count.
+
+    PYTHONPATH=src python benchmarks/bench_gemm.py --out benchmarks/results/<date>-h200-gemm.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import platform
+from dataclasses import asdict
+
+import torch
+import triton
+from triton.testing import do_bench
+
+from adahop.formats import MXTensor, quantize_mx
+from adahop.kernels.fold import FoldConfig, fold_to_fp8
+from adahop.kernels.gemm import default_route, fold_fp8_matmul, mx_matmul
+
+LLAMA3_8B_SHAPES = ((16384, 4096, 4096), (16384, 14336, 4096), (16384, 4096, 14336), (16384, 6144, 4096))
+ROUTES = ("fold_fp8", "triton_fp8", "dot_scaled", "dequant_bf16")
+FOLD_CONFIGS = (
+    FoldConfig(),
+    FoldConfig(block_r=8, block_k=512),
+    FoldConfig(block_r=32, block_k=128, num_warps=8),
+)
+SPREAD_BINADES = 20  # block scales of the underflow stress input span this many binades
+
+
+def ms_of(fn) -> float:
+    return do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def tflops(m: int, n: int, k: int, ms: float) -> float:
+    return 2 * m * n * k / ms / 1e9
+
+
+def geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def inputs(m: int, n: int, k: int, spread: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """BF16 activations [m, k] and weights [n, k]; ``spread`` scales each 32-channel group of the
+    activations by 2**U{-10..9}, so blocks of one row span 20 binades (the fold's worst case)."""
+    gen = torch.Generator(device="cuda").manual_seed(m + n + k)
+    x = torch.randn(m, k, device="cuda", generator=gen)
+    if spread:
+        groups = torch.randint(-SPREAD_BINADES // 2, SPREAD_BINADES // 2, (k // 32,), device="cuda", generator=gen)
+        x = x * torch.exp2(groups.float()).repeat_interleave(32)
+    w = 0.02 * torch.randn(n, k, device="cuda", generator=gen)
+    return x.bfloat16(), w.bfloat16()
+
+
+def rel_errors(a: MXTensor, b: MXTensor, route: str, rows: torch.Tensor) -> dict[str, float]:
+    """Errors of ``route`` against float64 on ``rows`` of the output: FP32 out, and BF16 out."""
+    ref = a.dequantize()[rows].double() @ b.dequantize().double().T
+    out32 = mx_matmul(a, b, route=route, out_dtype=torch.float32)[rows].double()
+    out16 = mx_matmul(a, b, route=route, out_dtype=torch.bfloat16)[rows].double()
+    ref16 = ref.to(torch.bfloat16).double()
+    return {
+        "rel_error_fp32_out": ((out32 - ref).norm() / ref.norm()).item(),
+        "rel_error_bf16_out_vs_rounded_ref": ((out16 - ref16).norm() / ref16.norm()).item(),
+        "rel_error_bf16_out": ((out16 - ref).norm() / ref.norm()).item(),
+    }
+
+
+def copy_gb_per_s(nbytes: int = 1 << 30) -> float:
+    """Device-to-device copy bandwidth, bytes read + written (the fold's ceiling)."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    return 2 * nbytes / ms_of(lambda: dst.copy_(src)) / 1e6
+
+
+def bench_fold(mx: MXTensor) -> dict:
+    """Fastest fold config for ``mx`` and its bandwidth (packed codes + scales in, FP8 out)."""
+    moved = mx.nbytes + mx.data.numel() * 2 + 8 * mx.scales.shape[0]
+    timings = {cfg: ms_of(lambda cfg=cfg: fold_to_fp8(mx, cfg)) for cfg in FOLD_CONFIGS}
+    best = min(timings, key=timings.get)
+    return {"ms": timings[best], "gb_per_s": moved / timings[best] / 1e6, "config": asdict(best)}
+
+
+def bench_shape(m: int, n: int, k: int, error_rows: int) -> dict:
+    x, w = inputs(m, n, k)
+    a, b = quantize_mx(x, axis=1), quantize_mx(w, axis=1)
+    rows = torch.randperm(m, device="cuda")[:error_rows]
+    bf16_ms = ms_of(lambda: x @ w.T)
+    result = {"M": m, "N": n, "K": k, "bf16_tflops": tflops(m, n, k, bf16_ms), "routes": {}}
+
+    fold_a, fold_b = bench_fold(a), bench_fold(b)
+    fa, fb = fold_to_fp8(a), fold_to_fp8(b)
+    result["fold"] = {"a": fold_a, "b": fold_b, "lossy_a": fa.n_lossy, "lossy_b": fb.n_lossy}
+    ref = a.dequantize()[rows].double() @ b.dequantize().double().T
+    for fast in (True, False):  # cuBLAS's FP8 accumulation with and without periodic promotion
+        ms = ms_of(lambda fast=fast: fold_fp8_matmul(fa, fb, torch.bfloat16, fast))
+        out = fold_fp8_matmul(fa, fb, torch.float32, fast)[rows].double()
+        result[f"fold_fp8_gemm_only_fast_accum_{fast}"] = {
+            "tflops": tflops(m, n, k, ms),
+            "ratio_vs_bf16": bf16_ms / ms,
+            "rel_error_fp32_out": ((out - ref).norm() / ref.norm()).item(),
+        }
+    del fa, fb, ref
+
+    for route in ROUTES:
+        try:
+            ms = ms_of(lambda route=route: mx_matmul(a, b, route=route))
+            entry = {"tflops": tflops(m, n, k, ms), "ratio_vs_bf16": bf16_ms / ms}
+            entry.update(rel_errors(a, b, route, rows))
+        except Exception as err:  # a route that fails to build on this GPU is reported, not fatal
+            entry = {"error": f"{type(err).__name__}: {err}"[:500]}
+        result["routes"][route] = entry
+        torch.cuda.empty_cache()
+    return result
+
+
+def spread_case(m: int, n: int, k: int, error_rows: int) -> dict:
+    """Underflow and accuracy of the fold when a row's blocks span 20 binades."""
+    x, w = inputs(m, n, k, spread=True)
+    a, b = quantize_mx(x, axis=1), quantize_mx(w, axis=1)
+    rows = torch.randperm(m, device="cuda")[:error_rows]
+    lossy = fold_to_fp8(a).n_lossy
+    case = {"M": m, "N": n, "K": k, "block_binades": SPREAD_BINADES, "lossy_a": lossy}
+    case["lossy_fraction_a"] = lossy / a.shape.numel()
+    for route in ("fold_fp8", "triton_fp8"):
+        case[route] = rel_errors(a, b, route, rows)
+    return case
+
+
+def print_table(report: dict) -> None:
+    header = f"{'M,N,K':>20} {'bf16':>7} " + " ".join(f"{r:>14}" for r in ROUTES) + f" {'fold excl.':>11}"
+    print(header)
+    for s in report["shapes"]:
+        cells = []
+        for route in ROUTES:
+            e = s["routes"][route]
+            cells.append(f"{e['tflops']:6.0f} {e['ratio_vs_bf16']:4.2f}x " if "tflops" in e else f"{'failed':>14}")
+        shape = f"{s['M']},{s['N']},{s['K']}"
+        excl = s["fold_fp8_gemm_only_fast_accum_True"]["ratio_vs_bf16"]
+        print(f"{shape:>20} {s['bf16_tflops']:7.0f} " + " ".join(cells) + f" {excl:10.2f}x")
+    print("TFLOP/s and ratio to cuBLAS BF16; errors and underflow counts are in the JSON.")
+    print(f"auto route ({report['auto_route']}): {report['gemm_speedup_vs_bf16']:.2f}x BF16 (geomean, fold "
+          f"included), {report['gemm_speedup_vs_bf16_excluding_fold']:.2f}x excluding the fold")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="gemm.json", help="where to write the JSON report")
+    parser.add_argument("--error-rows", type=int, default=1024, help="output rows checked against float64")
+    args = parser.parse_args()
+
+    device = torch.device("cuda")
+    shapes = [bench_shape(*shape, args.error_rows) for shape in LLAMA3_8B_SHAPES]
+    auto = default_route(device, LLAMA3_8B_SHAPES[0][1])
+    report = {
+        "gpu": torch.cuda.get_device_name(device),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "auto_route": auto,
+        "copy_gb_per_s": copy_gb_per_s(),
+        "shapes": shapes,
+        "route_speedup_vs_bf16": {
+            r: geomean([s["routes"][r]["ratio_vs_bf16"] for s in shapes])
+            for r in ROUTES
+            if all("ratio_vs_bf16" in s["routes"][r] for s in shapes)
+        },
+        "gemm_speedup_vs_bf16_excluding_fold": geomean(
+            [s["fold_fp8_gemm_only_fast_accum_True"]["ratio_vs_bf16"] for s in shapes]
+        ),
+        "spread_case": spread_case(*LLAMA3_8B_SHAPES[0], args.error_rows),
+    }
+    report["gemm_speedup_vs_bf16"] = report["route_speedup_vs_bf16"].get(auto, float("nan"))
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=2)
+    print_table(report)
+
+
+if __name__ == "__main__":
+    main()
