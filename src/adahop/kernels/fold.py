@@ -3,7 +3,7 @@
 Hopper has no FP4 tensor cores, but it has a row-wise scaled FP8 GEMM. Every E2M1 value times
 ``2**(block_exp - row_ref_exp + FOLD_OFFSET)`` is exact in E4M3 as long as the block is at most
 ``EXACT_BINADES`` binades below the row's largest block (``6 * 2**6 = 384 <= 448`` at the top,
-``0.5 * 2**-8`` = the smallest subnormal at the bottom). The leftover ``2**(row_ref_exp -
+``0.5 * 2**(6 - 14) = 2**-9``, E4M3's smallest subnormal, at the bottom). The leftover ``2**(row_ref_exp -
 FOLD_OFFSET)`` is the row's scale. Blocks further down lose their smallest elements to
 round-to-nearest-even underflow; the fold counts those elements per row instead of hiding them.
 
