@@ -15,6 +15,7 @@ from adahop.data import (
     HFSource,
     parse_data_spec,
     prepare_data,
+    resolve_source,
     stdlib_source,
     validation_batches,
 )
@@ -79,6 +80,13 @@ def test_stdlib_corpus_cap_keeps_the_order_and_the_limit():
     assert capped == [p for p in full if p in set(capped)]
     total = sum(p.stat().st_size for p in capped)
     assert 0.9 * SUBSET_BYTES < total <= SUBSET_BYTES
+
+
+def test_default_data_is_the_embedded_corpus():
+    for spec in (None, "stdlib"):
+        source = resolve_source(spec)
+        assert source.paths == stdlib_files()
+        assert source.name.startswith(f"stdlib (Python {sys.version_info.major}.")
 
 
 # --- tokenizer ---------------------------------------------------------------------------------
