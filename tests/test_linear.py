@@ -9,7 +9,7 @@ from torch import nn
 from adahop import quantize_mx
 from adahop.gemm import QuantSpec, prepare_operand, tn_matmul
 from adahop.nn import AdaHOPLinear, convert_model, load_plan, model_plan
-from adahop.nn.linear import rounding_seed
+from adahop.nn.linear import draw_rounding_seeds
 from adahop.policy.strategies import LayerPlan, Strategy
 from adahop.transforms import hadamard_transform
 
@@ -62,6 +62,7 @@ def planted_input(t=64, d=64):
 def test_forward_and_dgrad_match_fake_quantized_math(fwd, dgrad):
     layer = layer_with_plan(LayerPlan(fwd, dgrad, "iht"))
     x = planted_input().requires_grad_()
+    torch.manual_seed(123)
     y = layer(x)
     w = layer.weight.detach()
     y_ref = reference_gemm(x.detach(), w, fwd) + layer.bias.detach()
@@ -70,7 +71,8 @@ def test_forward_and_dgrad_match_fake_quantized_math(fwd, dgrad):
     g = torch.randn_like(y)
     g[3] *= 30.0
     y.backward(g)
-    seed = rounding_seed(0, layer.layer_id, 0, 1)
+    torch.manual_seed(123)
+    seed = int(draw_rounding_seeds()[0])
     dx_ref = reference_gemm(g, w.T, dgrad, "stochastic", seed)
     assert torch.allclose(x.grad, dx_ref, rtol=1e-5, atol=1e-5)
     assert torch.allclose(layer.bias.grad, g.sum(0))
@@ -80,10 +82,12 @@ def test_forward_and_dgrad_match_fake_quantized_math(fwd, dgrad):
 def test_wgrad_matches_fake_quantized_math(wgrad):
     layer = layer_with_plan(LayerPlan("iht", "iht", wgrad))
     x = planted_input().requires_grad_()
+    torch.manual_seed(5)
     y = layer(x)
     g = torch.randn_like(y)
     y.backward(g)
-    seed = rounding_seed(0, layer.layer_id, 0, 2)
+    torch.manual_seed(5)
+    seed = int(draw_rounding_seeds()[1])
     dw_ref = reference_gemm(g.T, x.detach().T, wgrad, "stochastic", seed)
     assert torch.allclose(layer.weight.grad, dw_ref, rtol=1e-5, atol=1e-5)
 
@@ -165,7 +169,7 @@ def test_state_dict_round_trip_keeps_the_plan():
     fresh = AdaHOPLinear(64, 96, recipe="adahop_lv2")
     assert fresh.calibrating
     fresh.load_state_dict(sd)
-    assert fresh.plan == layer.plan and fresh.step == layer.step
+    assert fresh.plan == layer.plan
     assert torch.equal(fresh.weight, layer.weight)
 
 

@@ -43,7 +43,6 @@ class Recipe:
     oe_k: int = 64  # rows/columns moved to the BF16 path by outlier extraction
     calibration_steps: int = 30
     pattern_threshold: float = 2.0
-    seed: int = 0  # base seed of stochastic rounding
     exclude: tuple[str, ...] = ("output", "lm_head")  # module names kept as nn.Linear (fnmatch)
 
     def __post_init__(self) -> None:

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..formats import MXTensor, quantize_mx
+from .. import ops
+from ..formats import MXTensor
 from ..policy.strategies import Strategy
 from ..transforms import hadamard_transform
 
@@ -85,24 +86,21 @@ def outlier_rows(t: torch.Tensor, k: int) -> torch.Tensor:
     return torch.topk(score, min(k, t.shape[0]), sorted=False).indices
 
 
-def _quantize_main(t: torch.Tensor, spec: QuantSpec, rotate: bool, seed: int) -> MXTensor | torch.Tensor:
-    if rotate:
-        pad = -t.shape[-1] % spec.hadamard_block_size  # zero padding of K leaves L @ R.T unchanged
-        if pad:
-            t = torch.nn.functional.pad(t, (0, pad))
-        t = hadamard_transform(
-            t, axis=-1, block_size=spec.hadamard_block_size, signs=spec.hadamard_signs
-        )
+def _quantize_main(
+    t: torch.Tensor, spec: QuantSpec, rotate: bool, seed: torch.Tensor
+) -> MXTensor | torch.Tensor:
+    """Inner Hadamard (if ``rotate``) and MX quantization along the last dim, one fused op."""
+    hb = spec.hadamard_block_size if rotate else 0
+    if hb and t.shape[-1] % hb:  # zero padding of K leaves L @ R.T unchanged
+        t = torch.nn.functional.pad(t, (0, -t.shape[-1] % hb))
     if spec.fmt is None:
-        return t
-    return quantize_mx(
-        t,
-        spec.fmt,
-        axis=-1,
-        block_size=spec.block_size,
-        scale_rule=spec.scale_rule,
-        rounding=spec.rounding,
-        seed=seed,
+        return hadamard_transform(t, block_size=hb, signs=spec.hadamard_signs) if hb else t
+    # A transposed view (Xᵀ, dYᵀ, Wᵀ) is quantized along dim 0 of its row-major source, no copy.
+    transposed = not t.is_contiguous() and t.t().is_contiguous()
+    source, axis = (t.t(), 0) if transposed else (t.contiguous(), 1)
+    return ops.quantize_2d(
+        source, spec.fmt, axis=axis, block_size=spec.block_size, scale_rule=spec.scale_rule,
+        rounding=spec.rounding, seed=seed, hadamard_block_size=hb, signs=spec.hadamard_signs,
     )
 
 
@@ -113,7 +111,7 @@ def prepare_operand(
     spec: QuantSpec,
     *,
     oe_k: int = 64,
-    seed: int = 0,
+    seed: torch.Tensor | int = 0,
     keep_dense: bool | None = None,
 ) -> GemmOperand:
     """Prepare ``t`` ([rows, K]) as the ``side`` ("L" or "R") operand of a GEMM run with ``strategy``.
@@ -139,5 +137,5 @@ def prepare_operand(
         op.rows = outlier_rows(t, oe_k)
         op.extracted = t[op.rows]
         main = t.index_fill(0, op.rows, 0)
-    op.quantized = _quantize_main(main, spec, rotate, seed)
+    op.quantized = _quantize_main(main, spec, rotate, torch.as_tensor(seed, dtype=torch.int64))
     return op

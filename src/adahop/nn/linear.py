@@ -10,8 +10,9 @@ Life of a layer under an adaptive recipe:
 3. **Training**: each GEMM runs BF16, MXFP4, IHT (inner Hadamard + MXFP4), OE-left or OE-right.
 
 Fixed recipes (``bf16``, ``mxfp4``, ``mxfp4_hadamard``) skip calibration. X and W round to nearest,
-dY rounds stochastically with Philox noise keyed by (recipe seed, layer id, step), so a resumed
-run draws the same noise. What backward needs is saved quantized: X along tokens (wgrad's K) and
+dY rounds stochastically with Philox noise keyed by seeds drawn from torch's global generator,
+so ``torch.manual_seed`` fixes them and a resumed run (RNG state restored) draws the same noise.
+What backward needs is saved quantized: X along tokens (wgrad's K) and
 W along ``out`` (dgrad's K), BF16 only for extracted outlier rows.
 
 NaN/Inf in an input block make that MX block NaN (scale code 255), so they propagate to the
@@ -34,14 +35,17 @@ from ..policy.strategies import LayerPlan, Strategy
 from ..recipes import Recipe, get_recipe
 from ..transforms import random_signs
 
-_GOLDEN = 0x9E3779B97F4A7C15
-_SEED_MASK = (1 << 63) - 1
-_ROLE_DGRAD, _ROLE_WGRAD = 1, 2
+SEED_BOUND = 1 << 62
 
 
-def rounding_seed(base: int, layer_id: int, step: int, role: int) -> int:
-    """A distinct, reproducible Philox key per (run seed, layer, step, GEMM role)."""
-    return ((base * _GOLDEN) ^ (layer_id << 40) ^ (step << 2) ^ role) & _SEED_MASK
+def draw_rounding_seeds() -> torch.Tensor:
+    """Philox keys for the dgrad and wgrad quantization of dY, from torch's global CPU generator.
+
+    Drawn once per training forward, so ``torch.manual_seed`` makes runs reproducible and a
+    checkpoint that restores the RNG state resumes the exact same noise. A CPU tensor (not a
+    Python int) so a compiled graph neither syncs with the GPU nor specialises on its value.
+    """
+    return torch.randint(0, SEED_BOUND, (2,), dtype=torch.int64)
 
 
 @dataclass(frozen=True)
@@ -52,8 +56,8 @@ class GemmConfig:
     act: QuantSpec  # X and W: round to nearest
     grad: QuantSpec  # dY: stochastic rounding by default
     oe_k: int
-    dgrad_seed: int
-    wgrad_seed: int
+    dgrad_seed: torch.Tensor
+    wgrad_seed: torch.Tensor
 
 
 class _AdaHOPLinearFn(torch.autograd.Function):
@@ -114,7 +118,6 @@ class AdaHOPLinear(nn.Linear):
         super().__init__(in_features, out_features, bias, device, dtype)
         self.recipe = get_recipe(recipe)
         self.layer_id = layer_id
-        self.step = 0  # training forwards run with a frozen plan; keys stochastic rounding
         self.votes = PatternVotes()
         self._hooks = None
         self.plan: LayerPlan | None = None
@@ -154,15 +157,15 @@ class AdaHOPLinear(nn.Linear):
             self.set_plan(self.votes.plan(self.recipe.table))
 
     # ---- forward ------------------------------------------------------------------------
-    def _gemm_config(self) -> GemmConfig:
+    def _gemm_config(self, seeds: torch.Tensor) -> GemmConfig:
         r = self.recipe
         signs = random_signs(r.hadamard_block_size, r.hadamard_seed) if r.hadamard_signs else None
         act = QuantSpec(r.fmt, r.block_size, r.scale_rule, r.rounding, r.hadamard_block_size, signs)
         grad = QuantSpec(r.fmt, r.block_size, r.scale_rule, r.grad_rounding, r.hadamard_block_size, signs)
         return GemmConfig(
             self.plan, act, grad, r.oe_k,
-            dgrad_seed=rounding_seed(r.seed, self.layer_id, self.step, _ROLE_DGRAD),
-            wgrad_seed=rounding_seed(r.seed, self.layer_id, self.step, _ROLE_WGRAD),
+            dgrad_seed=seeds[0],
+            wgrad_seed=seeds[1],
         )
 
     def _check_input(self, x: torch.Tensor) -> None:
@@ -187,9 +190,8 @@ class AdaHOPLinear(nn.Linear):
             dtype = torch.get_autocast_dtype(x.device.type)
             x, weight = x.to(dtype), weight.to(dtype)
             bias = None if bias is None else bias.to(dtype)
-        cfg = self._gemm_config()
-        if self.training and torch.is_grad_enabled():
-            self.step += 1
+        needs_grad = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
+        cfg = self._gemm_config(draw_rounding_seeds() if needs_grad else torch.zeros(2, dtype=torch.int64))
         with torch.autocast(x.device.type, enabled=False):
             y = _AdaHOPLinearFn.apply(x.reshape(-1, self.in_features), weight, cfg)
         y = y.reshape(*x.shape[:-1], self.out_features)
@@ -199,15 +201,13 @@ class AdaHOPLinear(nn.Linear):
     def get_extra_state(self) -> dict[str, Any]:
         return {
             "plan": None if self.plan is None else self.plan.to_dict(),
-            "step": self.step,
             "votes": self.votes.state_dict(),
         }
 
     def set_extra_state(self, state: dict[str, Any]) -> None:
-        if not isinstance(state, dict) or not {"plan", "step", "votes"} <= state.keys():
+        if not isinstance(state, dict) or not {"plan", "votes"} <= state.keys():
             raise ValueError(f"corrupt AdaHOPLinear extra state: {state!r}")
         self.votes.load_state_dict(state["votes"])
-        self.step = int(state["step"])
         if state["plan"] is not None:
             self.set_plan(LayerPlan.from_dict(state["plan"]))
 

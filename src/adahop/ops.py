@@ -1,0 +1,159 @@
+"""``torch.library`` custom ops: the single dispatch point between the reference and the kernels.
+
+``adahop::quantize_mx`` and ``adahop::mx_matmul`` run the pure-PyTorch reference on any device
+and the Triton kernels on CUDA. Their fake (meta) implementations give shapes without computing,
+so a model built from ``AdaHOPLinear`` traces under ``torch.compile`` with each op as one node.
+Triton is imported only when a CUDA kernel actually runs.
+
+The stochastic-rounding seed is a 0-dim int64 CPU tensor, not a Python int, so a compiled graph
+does not specialise on (and recompile for) every training step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+from .formats import ELEMENT_FORMATS, MXTensor, quantize_mx
+from .transforms import hadamard_transform
+
+_kernels_enabled = True
+
+
+@contextlib.contextmanager
+def reference_only() -> Iterator[None]:
+    """Run the reference implementation on CUDA too (to check kernels against it)."""
+    global _kernels_enabled
+    previous, _kernels_enabled = _kernels_enabled, False
+    try:
+        yield
+    finally:
+        _kernels_enabled = previous
+
+
+def kernels_enabled() -> bool:
+    return _kernels_enabled
+
+
+def _padded(length: int, block: int) -> int:
+    return -(-length // block) * block
+
+
+# ---- quantize -----------------------------------------------------------------------------
+def _quantize_reference(x, fmt, axis, block_size, scale_rule, rounding, seed, hadamard_block_size, signs):
+    if hadamard_block_size:
+        x = hadamard_transform(x, axis=axis, block_size=hadamard_block_size, signs=signs)
+    q = quantize_mx(
+        x, fmt, axis=axis, block_size=block_size, scale_rule=scale_rule, rounding=rounding,
+        seed=int(seed),
+    )
+    return q.data, q.scales
+
+
+@torch.library.custom_op("adahop::quantize_mx", mutates_args=())
+def quantize_mx_op(
+    x: torch.Tensor,
+    fmt: str,
+    axis: int,
+    block_size: int,
+    scale_rule: str,
+    rounding: str,
+    seed: torch.Tensor,
+    hadamard_block_size: int,
+    signs: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(data, scales) of ``quantize_mx(hadamard_transform(x) if hadamard_block_size else x)`` for 2-D x."""
+    return _quantize_reference(x, fmt, axis, block_size, scale_rule, rounding, seed, hadamard_block_size, signs)
+
+
+@quantize_mx_op.register_kernel("cuda")
+def _quantize_mx_cuda(x, fmt, axis, block_size, scale_rule, rounding, seed, hadamard_block_size, signs):
+    if not _kernels_enabled:
+        return _quantize_reference(x, fmt, axis, block_size, scale_rule, rounding, seed, hadamard_block_size, signs)
+    from .kernels.quantize import quantize_mx_triton
+
+    q = quantize_mx_triton(
+        x, fmt, axis=axis, block_size=block_size, scale_rule=scale_rule, rounding=rounding,
+        seed=int(seed), hadamard_block_size=hadamard_block_size or None, signs=signs,
+    )
+    return q.data, q.scales
+
+
+@quantize_mx_op.register_fake
+def _(x, fmt, axis, block_size, scale_rule, rounding, seed, hadamard_block_size, signs):
+    outer, length = (x.shape[0], x.shape[1]) if axis % 2 == 1 else (x.shape[1], x.shape[0])
+    padded = _padded(length, block_size)
+    bits = ELEMENT_FORMATS[fmt].bits
+    data = x.new_empty((outer, padded * bits // 8), dtype=torch.uint8)
+    scales = x.new_empty((outer, padded // block_size), dtype=torch.uint8)
+    return data, scales
+
+
+def quantize_2d(
+    x: torch.Tensor,
+    fmt: str,
+    *,
+    axis: int,
+    block_size: int,
+    scale_rule: str,
+    rounding: str,
+    seed: torch.Tensor,
+    hadamard_block_size: int = 0,
+    signs: torch.Tensor | None = None,
+) -> MXTensor:
+    """``quantize_mx_op`` wrapped into an ``MXTensor``."""
+    data, scales = quantize_mx_op(
+        x, fmt, axis, block_size, scale_rule, rounding, seed, hadamard_block_size, signs
+    )
+    return MXTensor(data, scales, fmt, axis % 2, block_size, x.shape)
+
+
+# ---- matmul -------------------------------------------------------------------------------
+def _mx(data: torch.Tensor, scales: torch.Tensor, fmt: str, block_size: int) -> MXTensor:
+    """An MXTensor over the padded, block-axis-last storage (the padding multiplies as zeros)."""
+    padded = scales.shape[1] * block_size
+    return MXTensor(data, scales, fmt, 1, block_size, torch.Size((data.shape[0], padded)))
+
+
+def _matmul_reference(a_data, a_scales, b_data, b_scales, fmt, block_size, out_dtype):
+    a = _mx(a_data, a_scales, fmt, block_size).dequantize_blocked()
+    b = _mx(b_data, b_scales, fmt, block_size).dequantize_blocked()
+    return (a @ b.T).to(out_dtype)
+
+
+@torch.library.custom_op("adahop::mx_matmul", mutates_args=())
+def mx_matmul_op(
+    a_data: torch.Tensor,
+    a_scales: torch.Tensor,
+    b_data: torch.Tensor,
+    b_scales: torch.Tensor,
+    fmt: str,
+    block_size: int,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """``A @ B.T`` of two MX operands stored block-axis-last ([M, K'] and [N, K']), float32 math."""
+    return _matmul_reference(a_data, a_scales, b_data, b_scales, fmt, block_size, out_dtype)
+
+
+@mx_matmul_op.register_kernel("cuda")
+def _mx_matmul_cuda(a_data, a_scales, b_data, b_scales, fmt, block_size, out_dtype):
+    if not (_kernels_enabled and fmt == "mxfp4" and block_size == 32):
+        return _matmul_reference(a_data, a_scales, b_data, b_scales, fmt, block_size, out_dtype)
+    from .kernels.gemm import mx_matmul
+
+    a, b = _mx(a_data, a_scales, fmt, block_size), _mx(b_data, b_scales, fmt, block_size)
+    return mx_matmul(a, b, out_dtype=out_dtype)
+
+
+@mx_matmul_op.register_fake
+def _(a_data, a_scales, b_data, b_scales, fmt, block_size, out_dtype):
+    return a_data.new_empty((a_data.shape[0], b_data.shape[0]), dtype=out_dtype)
+
+
+def mx_matmul(a: MXTensor, b: MXTensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """``A @ B.T`` for operands blocked along their last dim (K), through ``mx_matmul_op``."""
+    if a.fmt != b.fmt or a.block_size != b.block_size or a.scales.shape[1] != b.scales.shape[1]:
+        raise ValueError(f"incompatible MX operands: {a} and {b}")
+    return mx_matmul_op(a.data, a.scales, b.data, b.scales, a.fmt, a.block_size, out_dtype)
