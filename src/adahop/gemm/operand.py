@@ -13,9 +13,11 @@ along their rows:
 In the method's notation (``C = A B``) ``A = L`` and ``B = Rᵀ``: OE-left extracts rows of L,
 OE-right extracts columns of B, i.e. rows of R. So both extractions take *rows* here.
 
-A prepared operand holds what the GEMM needs and no more: the quantized main part (after the
-inner Hadamard transform, extracted rows zeroed), the extracted rows in high precision, and
-the high-precision operand itself only when the other side's outlier path needs it.
+A prepared operand holds what the GEMM needs and no more: the quantized operand (after the
+inner Hadamard transform), the extracted rows in high precision, and the high-precision operand
+itself only when the other side's outlier path needs it. The method zeroes extracted rows before
+quantizing; with blocks along K every row is quantized on its own, so zeroing changes nothing
+the output keeps (those outputs are overwritten) and the full-size pass is skipped.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ class QuantSpec:
 class GemmOperand:
     """One side of ``C = L @ R.T``, prepared along its last dimension (K)."""
 
-    quantized: MXTensor | torch.Tensor | None = None  # main part; a Tensor when spec.fmt is None
+    quantized: MXTensor | torch.Tensor | None = None  # a Tensor when spec.fmt is None
     dense: torch.Tensor | None = None  # high-precision operand (BF16 GEMM, or the other side's OE)
     rows: torch.Tensor | None = None  # indices of extracted outlier rows
     extracted: torch.Tensor | None = None  # those rows, in high precision
@@ -86,7 +88,7 @@ def outlier_rows(t: torch.Tensor, k: int) -> torch.Tensor:
     return torch.topk(score, min(k, t.shape[0]), sorted=False).indices
 
 
-def _quantize_main(
+def _rotate_and_quantize(
     t: torch.Tensor, spec: QuantSpec, rotate: bool, seed: torch.Tensor
 ) -> MXTensor | torch.Tensor:
     """Inner Hadamard (if ``rotate``) and MX quantization along the last dim, one fused op."""
@@ -132,10 +134,10 @@ def prepare_operand(
         keep_dense = extracts_other
     rotate = strategy is not Strategy.MXFP4
     op = GemmOperand(dense=t if keep_dense else None)
-    main = t
     if extracts_here:
+        # Rows are quantized independently (blocks and Hadamard blocks run along K), so the
+        # extracted rows need not be zeroed first: their products are overwritten in tn_matmul.
         op.rows = outlier_rows(t, oe_k)
         op.extracted = t[op.rows]
-        main = t.index_fill(0, op.rows, 0)
-    op.quantized = _quantize_main(main, spec, rotate, torch.as_tensor(seed, dtype=torch.int64))
+    op.quantized = _rotate_and_quantize(t, spec, rotate, torch.as_tensor(seed, dtype=torch.int64))
     return op

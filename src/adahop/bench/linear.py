@@ -1,0 +1,114 @@
+"""AdaHOPLinear forward+backward against BF16 ``nn.Linear`` at the Llama-3-8B MLP shapes.
+
+The level-2 mix is not made up: a ``small`` Llama is trained on the embedded corpus until
+calibration freezes its plans, and the plan its MLP layers got most often (per projection) is
+what is timed at the 8B shapes. Saved bytes are counted with saved-tensor hooks (parameters
+excluded), as in the unit test; the activation ratio leaves out AdaHOP's MXFP4 copy of W kept for
+dgrad (weight-derived, 0.53 bytes per parameter), which the total ratio includes.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter
+
+import torch
+from torch import nn
+
+from ..nn import AdaHOPLinear, convert_model, model_plan
+from ..policy import LayerPlan, Strategy
+from .common import geomean, ms_of
+
+TOKENS = 16384
+MLP_SHAPES = {"w1/w3": (4096, 14336), "w2": (14336, 4096)}  # (in, out)
+FIXED_PLANS = {
+    "mxfp4": LayerPlan.uniform(Strategy.MXFP4),
+    "iht": LayerPlan.uniform(Strategy.IHT),
+    "oe_left+iht": LayerPlan(Strategy.OE_LEFT, Strategy.OE_LEFT, Strategy.IHT),
+    "oe_right+iht": LayerPlan(Strategy.OE_RIGHT, Strategy.OE_RIGHT, Strategy.OE_RIGHT),
+}
+CALIBRATION_STEPS = 20
+
+
+def calibrated_mlp_plans(steps: int = CALIBRATION_STEPS + 2) -> dict[str, LayerPlan]:
+    """The most common frozen plan of each MLP projection of a ``small`` Llama calibrated on real text."""
+    from ..data import BatchLoader, prepare_data
+    from ..models import build_model
+
+    data = prepare_data("stdlib", progress=False)
+    model = build_model("small", vocab_size=data.tokenizer.vocab_size).cuda()
+    convert_model(model, {"name": "adahop_lv2", "calibration_steps": CALIBRATION_STEPS})
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    loader = BatchLoader(data.train, batch_size=16, seq_len=512, seed=0)
+    for _ in range(steps):
+        inputs, targets = (t.cuda() for t in next(loader))
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            _, loss = model(inputs, targets)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    plans = model_plan(model)
+    kinds = {"w1/w3": ("w1", "w3"), "w2": ("w2",)}
+    return {
+        kind: Counter(p for name, p in plans.items() if name.rsplit(".", 1)[-1] in leaves).most_common(1)[0][0]
+        for kind, leaves in kinds.items()
+    }
+
+
+def saved_activation_bytes(module: nn.Module, x: torch.Tensor) -> int:
+    params = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    total = 0
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        nonlocal total
+        if t.untyped_storage().data_ptr() not in params:
+            total += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        module(x)
+    return total
+
+
+def fwd_bwd_ms(module: nn.Module, x: torch.Tensor, grad: torch.Tensor) -> float:
+    def step() -> None:
+        x.grad = None
+        module.weight.grad = None
+        module(x).backward(grad)
+
+    return ms_of(step)
+
+
+def run(tokens: int = TOKENS, plans: dict[str, LayerPlan] | None = None) -> dict:
+    """Times per shape and plan, ratios to BF16 nn.Linear measured in the same run."""
+    mix = calibrated_mlp_plans() if plans is None else plans
+    results = {"calibrated_plans": {k: p.to_dict() for k, p in mix.items()}, "shapes": {}}
+    mix_ratios, act_ratios = [], []
+    for kind, (fan_in, fan_out) in MLP_SHAPES.items():
+        torch.manual_seed(0)
+        ref = nn.Linear(fan_in, fan_out, bias=False, device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(tokens, fan_in, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        grad = torch.randn(tokens, fan_out, device="cuda", dtype=torch.bfloat16)
+        base_ms = fwd_bwd_ms(ref, x, grad)
+        base_saved = saved_activation_bytes(ref, x)
+        weight_copy = fan_in * fan_out * (0.5 + 1 / 32)  # W in MXFP4 along out, for dgrad
+        row = {"bf16_ms": base_ms, "plans": {}}
+        for name, plan in {**FIXED_PLANS, "lv2_calibrated": mix[kind]}.items():
+            layer = AdaHOPLinear.from_linear(copy.deepcopy(ref), "adahop_lv2")
+            layer.set_plan(plan)
+            ms = fwd_bwd_ms(layer, x, grad)
+            saved = saved_activation_bytes(layer, x)
+            w_saved = weight_copy if plan.dgrad is not Strategy.BF16 else 0
+            row["plans"][name] = {
+                "plan": plan.to_dict(),
+                "ms": ms,
+                "speedup_vs_bf16": base_ms / ms,
+                "saved_activation_compression": base_saved / (saved - w_saved),
+                "saved_total_compression": base_saved / saved,
+            }
+        results["shapes"][kind] = row
+        mix_ratios.append(row["plans"]["lv2_calibrated"]["speedup_vs_bf16"])
+        act_ratios.append(row["plans"]["lv2_calibrated"]["saved_activation_compression"])
+    results["linear_fwd_bwd_speedup_vs_bf16"] = geomean(mix_ratios)
+    results["saved_activation_compression"] = geomean(act_ratios)
+    return results
