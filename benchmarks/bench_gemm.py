@@ -25,13 +25,15 @@ from triton.testing import do_bench
 from adahop.formats import MXTensor, quantize_mx
 from adahop.kernels.fold import FoldConfig, fold_to_fp8
 from adahop.kernels.gemm import default_route, fold_fp8_matmul, mx_matmul
+from adahop.kernels.gemm_triton import _mxfp4_dot_scaled_kernel, _mxfp4_fp8_kernel
 
 LLAMA3_8B_SHAPES = ((16384, 4096, 4096), (16384, 14336, 4096), (16384, 4096, 14336), (16384, 6144, 4096))
 ROUTES = ("fold_fp8", "triton_fp8", "dot_scaled", "dequant_bf16")
 FOLD_CONFIGS = (
     FoldConfig(),
-    FoldConfig(block_r=8, block_k=512),
-    FoldConfig(block_r=32, block_k=128, num_warps=8),
+    FoldConfig(block_r=32, chunk=8, num_warps=8),
+    FoldConfig(block_r=8, chunk=16),
+    FoldConfig(block_r=64, chunk=4, num_warps=8),
 )
 SPREAD_BINADES = 20  # block scales of the underflow stress input span this many binades
 
@@ -60,11 +62,11 @@ def inputs(m: int, n: int, k: int, spread: bool = False) -> tuple[torch.Tensor, 
     return x.bfloat16(), w.bfloat16()
 
 
-def rel_errors(a: MXTensor, b: MXTensor, route: str, rows: torch.Tensor) -> dict[str, float]:
-    """Errors of ``route`` against float64 on ``rows`` of the output: FP32 out, and BF16 out."""
+def rel_errors(a: MXTensor, b: MXTensor, rows: torch.Tensor, **matmul_kwargs) -> dict[str, float]:
+    """Errors of ``mx_matmul`` against float64 on ``rows`` of the output: FP32 out, and BF16 out."""
     ref = a.dequantize()[rows].double() @ b.dequantize().double().T
-    out32 = mx_matmul(a, b, route=route, out_dtype=torch.float32)[rows].double()
-    out16 = mx_matmul(a, b, route=route, out_dtype=torch.bfloat16)[rows].double()
+    out32 = mx_matmul(a, b, out_dtype=torch.float32, **matmul_kwargs)[rows].double()
+    out16 = mx_matmul(a, b, out_dtype=torch.bfloat16, **matmul_kwargs)[rows].double()
     ref16 = ref.to(torch.bfloat16).double()
     return {
         "rel_error_fp32_out": ((out32 - ref).norm() / ref.norm()).item(),
@@ -88,7 +90,7 @@ def bench_fold(mx: MXTensor) -> dict:
     return {"ms": timings[best], "gb_per_s": moved / timings[best] / 1e6, "config": asdict(best)}
 
 
-def bench_shape(m: int, n: int, k: int, error_rows: int) -> dict:
+def bench_shape(m: int, n: int, k: int, error_rows: int, copy_bw: float) -> dict:
     x, w = inputs(m, n, k)
     a, b = quantize_mx(x, axis=1), quantize_mx(w, axis=1)
     rows = torch.randperm(m, device="cuda")[:error_rows]
@@ -98,6 +100,7 @@ def bench_shape(m: int, n: int, k: int, error_rows: int) -> dict:
     fold_a, fold_b = bench_fold(a), bench_fold(b)
     fa, fb = fold_to_fp8(a), fold_to_fp8(b)
     result["fold"] = {"a": fold_a, "b": fold_b, "lossy_a": fa.n_lossy, "lossy_b": fb.n_lossy}
+    result["fold"]["fraction_of_copy_bw"] = fold_a["gb_per_s"] / copy_bw
     ref = a.dequantize()[rows].double() @ b.dequantize().double().T
     for fast in (True, False):  # cuBLAS's FP8 accumulation with and without periodic promotion
         ms = ms_of(lambda fast=fast: fold_fp8_matmul(fa, fb, torch.bfloat16, fast))
@@ -113,11 +116,13 @@ def bench_shape(m: int, n: int, k: int, error_rows: int) -> dict:
         try:
             ms = ms_of(lambda route=route: mx_matmul(a, b, route=route))
             entry = {"tflops": tflops(m, n, k, ms), "ratio_vs_bf16": bf16_ms / ms}
-            entry.update(rel_errors(a, b, route, rows))
+            entry.update(rel_errors(a, b, rows, route=route))
         except Exception as err:  # a route that fails to build on this GPU is reported, not fatal
             entry = {"error": f"{type(err).__name__}: {err}"[:500]}
         result["routes"][route] = entry
         torch.cuda.empty_cache()
+    for route, kernel in (("triton_fp8", _mxfp4_fp8_kernel), ("dot_scaled", _mxfp4_dot_scaled_kernel)):
+        result["routes"][route]["autotuned"] = str(getattr(kernel, "best_config", None))
     return result
 
 
@@ -129,8 +134,9 @@ def spread_case(m: int, n: int, k: int, error_rows: int) -> dict:
     lossy = fold_to_fp8(a).n_lossy
     case = {"M": m, "N": n, "K": k, "block_binades": SPREAD_BINADES, "lossy_a": lossy}
     case["lossy_fraction_a"] = lossy / a.shape.numel()
-    for route in ("fold_fp8", "triton_fp8"):
-        case[route] = rel_errors(a, b, route, rows)
+    case["fold_fp8"] = rel_errors(a, b, rows, route="fold_fp8")
+    case["fold_fp8_split_accum"] = rel_errors(a, b, rows, route="fold_fp8", fast_accum=False)
+    case["triton_fp8"] = rel_errors(a, b, rows, route="triton_fp8")
     return case
 
 
@@ -157,7 +163,8 @@ def main() -> None:
     args = parser.parse_args()
 
     device = torch.device("cuda")
-    shapes = [bench_shape(*shape, args.error_rows) for shape in LLAMA3_8B_SHAPES]
+    copy_bw = copy_gb_per_s()
+    shapes = [bench_shape(*shape, args.error_rows, copy_bw) for shape in LLAMA3_8B_SHAPES]
     auto = default_route(device, LLAMA3_8B_SHAPES[0][1])
     report = {
         "gpu": torch.cuda.get_device_name(device),
@@ -167,7 +174,7 @@ def main() -> None:
         "python": platform.python_version(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "auto_route": auto,
-        "copy_gb_per_s": copy_gb_per_s(),
+        "copy_gb_per_s": copy_bw,
         "shapes": shapes,
         "route_speedup_vs_bf16": {
             r: geomean([s["routes"][r]["ratio_vs_bf16"] for s in shapes])

@@ -13,6 +13,7 @@ FP8) on CUDA or under ``TRITON_INTERPRET=1``, and ``fold_to_fp8_reference`` else
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -20,7 +21,7 @@ import triton
 import triton.language as tl
 
 from ..formats import MXTensor
-from ..formats.elements import decode_e2m1
+from ..formats.elements import E4M3, decode_e2m1, encode_fp8
 from ..formats.scales import E8M0_BIAS, E8M0_NAN
 from .mx_triton import INTERPRET, e2m1_to_fp32, unpack_fp4
 
@@ -33,7 +34,8 @@ FLUSH_SHIFT = -16
 # The same numbers as Triton compile-time constants, plus the E4M3 facts the kernel needs.
 _OFFSET = tl.constexpr(FOLD_OFFSET)
 _FLUSH = tl.constexpr(FLUSH_SHIFT)
-_E4M3_NAN = tl.constexpr(0x7F)
+_E4M3_NAN_PAIR = tl.constexpr(0x7F7F)
+_MIN_NORMAL_SHIFT = tl.constexpr(-5)  # 0.5 * 2**-5 = 2**-6, E4M3's smallest normal
 _E4M3_MIN_NORMAL = tl.constexpr(2.0**-6)
 _E4M3_SUBNORMAL_STEPS = tl.constexpr(512.0)  # 1 / 2**-9, the subnormal quantum
 _RNE_MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2**23: (x + magic) - magic rounds to even
@@ -82,6 +84,18 @@ def fold_to_fp8_reference(mx: MXTensor) -> FoldedFP8:
     return FoldedFP8(data, row_scale, lossy.sum(dim=-1, dtype=torch.int32))
 
 
+@functools.cache
+def byte_pair_lut(device: torch.device) -> torch.Tensor:
+    """int32 [256]: for a packed byte, its two E2M1 codes as E4M3 bits (low byte first) in the
+    low 16 bits, and 0x01 in bits 16 / 24 where the element is nonzero (whose exponent moves)."""
+    byte = torch.arange(256, dtype=torch.uint8)
+    lo, hi = byte & 0xF, byte >> 4
+    e4m3 = lambda c: encode_fp8(decode_e2m1(c), E4M3).to(torch.int32)  # noqa: E731 exact casts
+    nonzero = lambda c: ((c & 7) != 0).to(torch.int32)  # noqa: E731
+    lut = e4m3(lo) | (e4m3(hi) << 8) | (nonzero(lo) << 16) | (nonzero(hi) << 24)
+    return lut.to(device)
+
+
 @triton.jit
 def _e4m3_bits_of_folded(x):
     """E4M3 bits of ``x >= 0``, an E2M1 value times a power of two (so at most 2 significant bits).
@@ -97,22 +111,31 @@ def _e4m3_bits_of_folded(x):
 
 
 @triton.jit
+def _fold_nibbles(codes, shift):
+    """E4M3 bits of ``e2m1(codes) * 2**shift`` rounded to nearest even, and which ones lost bits."""
+    pow2 = ((shift + 127) << 23).to(tl.float32, bitcast=True)  # 2**shift, normal for shift >= -16
+    mag, lossy = _e4m3_bits_of_folded(tl.abs(e2m1_to_fp32(codes)) * pow2)
+    return mag | ((codes & 8).to(tl.int32) << 4), lossy
+
+
+@triton.jit
 def _fold_kernel(
     data_ptr,
     scales_ptr,
+    lut_ptr,
     out_ptr,
     row_scale_ptr,
     lossy_ptr,
     n_rows,
     n_blocks,
-    BLOCK_SIZE: tl.constexpr,
+    HALF_BLOCK: tl.constexpr,
     BLOCK_R: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    CHUNK: tl.constexpr,
     SCALE_CHUNK: tl.constexpr,
 ):
+    """Each packed byte becomes one 16-bit pair of E4M3 codes; tiles are [rows, blocks, bytes]."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < n_rows
-    n_cols = n_blocks * BLOCK_SIZE
     scale_rows = scales_ptr + rows.to(tl.int64)[:, None] * n_blocks
 
     # The row's reference exponent: its largest finite E8M0 code.
@@ -127,33 +150,40 @@ def _fold_kernel(
     scale_bits = tl.where(scale_exp > 0, scale_exp << 23, 1 << (22 + scale_exp))
     tl.store(row_scale_ptr + rows, scale_bits, mask=row_ok)
 
-    in_rows = data_ptr + rows.to(tl.int64)[:, None] * (n_cols // 2)
-    out_rows = out_ptr + rows.to(tl.int64)[:, None] * n_cols
+    row_bytes = rows.to(tl.int64)[:, None, None] * (n_blocks * HALF_BLOCK)
+    byte = tl.arange(0, HALF_BLOCK)[None, None, :]
     n_lossy = tl.zeros([BLOCK_R], dtype=tl.int32)
-    for k0 in range(0, n_cols, BLOCK_K):
-        cols = k0 + tl.arange(0, BLOCK_K)[None, :]
-        ok = row_ok[:, None] & (cols < n_cols)
-        half = k0 // 2 + tl.arange(0, BLOCK_K // 2)[None, :]
-        packed = tl.load(in_rows + half, mask=row_ok[:, None] & (half < n_cols // 2), other=0)
-        codes = unpack_fp4(packed)
-        scale_codes = tl.load(scale_rows + cols // BLOCK_SIZE, mask=ok, other=0).to(tl.int32)
-        shift = tl.maximum(scale_codes - ref[:, None] + _OFFSET, _FLUSH)
-        pow2 = ((shift + 127) << 23).to(tl.float32, bitcast=True)  # 2**shift, normal since shift >= -16
-        x = tl.abs(e2m1_to_fp32(codes)) * pow2
-        mag, lossy = _e4m3_bits_of_folded(x)
-        nan = scale_codes == 255
-        fp8 = tl.where(nan, _E4M3_NAN, mag | ((codes & 8).to(tl.int32) << 4))
-        n_lossy += tl.sum((lossy & ~nan & ok).to(tl.int32), axis=1)
-        tl.store(out_rows + cols, fp8.to(tl.uint8), mask=ok)
+    for b0 in range(0, n_blocks, CHUNK):
+        blk = b0 + tl.arange(0, CHUNK)[None, :]
+        ok = row_ok[:, None] & (blk < n_blocks)
+        codes = tl.load(scale_rows + blk, mask=ok, other=0).to(tl.int32)
+        nan = codes == 255
+        # Exponent shift of each block relative to the row's reference (no shift where masked).
+        shift = tl.where(nan | ~ok, _OFFSET, codes - ref[:, None] + _OFFSET)
+        offs = row_bytes + blk[:, :, None] * HALF_BLOCK + byte
+        packed = tl.load(data_ptr + offs, mask=ok[:, :, None], other=0)
+        if tl.min(shift) >= _MIN_NORMAL_SHIFT:
+            # Every element stays a normal E4M3 number: add the shift to both exponent fields.
+            entry = tl.load(lut_ptr + packed)
+            pair = (entry & 0xFFFF) + (entry >> 16) * (shift << 3)[:, :, None]
+        else:
+            flushed = tl.maximum(shift, _FLUSH)[:, :, None]
+            lo, lossy_lo = _fold_nibbles(packed & 0xF, flushed)
+            hi, lossy_hi = _fold_nibbles(packed >> 4, flushed)
+            pair = lo | (hi << 8)
+            lossy = (lossy_lo.to(tl.int32) + lossy_hi.to(tl.int32)) * (ok & ~nan)[:, :, None]
+            n_lossy += tl.sum(tl.sum(lossy, axis=2), axis=1)
+        pair = tl.where(nan[:, :, None], _E4M3_NAN_PAIR, pair)
+        tl.store(out_ptr + offs, pair.to(tl.int16), mask=ok[:, :, None])
     tl.store(lossy_ptr + rows, n_lossy, mask=row_ok)
 
 
 @dataclass(frozen=True)
 class FoldConfig:
-    """Tile of the fold kernel: a memory-bound pass, so one modest tile serves every shape."""
+    """Tile of the fold kernel: rows per program and 32-blocks per step (a memory-bound pass)."""
 
     block_r: int = 16
-    block_k: int = 256
+    chunk: int = 8
     scale_chunk: int = 128
     num_warps: int = 4
 
@@ -161,8 +191,9 @@ class FoldConfig:
 def fold_to_fp8(mx: MXTensor, config: FoldConfig = FoldConfig()) -> FoldedFP8:
     """Fold an [R, K] MXFP4 matrix (blocks along K) into E4M3 data and per-row scales."""
     check_fold_operand(mx)
-    if not (mx.device.type == "cuda" or INTERPRET):
-        return fold_to_fp8_reference(mx)
+    half_block = mx.block_size // 2
+    if not (mx.device.type == "cuda" or INTERPRET) or half_block & (half_block - 1):
+        return fold_to_fp8_reference(mx)  # no Triton device, or a block size tiles can't hold
     n_rows, n_blocks = mx.scales.shape
     data = torch.empty(n_rows, n_blocks * mx.block_size, dtype=torch.float8_e4m3fn, device=mx.device)
     row_scale = torch.empty(n_rows, dtype=torch.float32, device=mx.device)
@@ -171,14 +202,15 @@ def fold_to_fp8(mx: MXTensor, config: FoldConfig = FoldConfig()) -> FoldedFP8:
     _fold_kernel[grid](
         mx.data.contiguous(),
         mx.scales.contiguous(),
-        data.view(torch.uint8),
+        byte_pair_lut(mx.device),
+        data.view(torch.int16),
         row_scale.view(torch.int32),
         lossy,
         n_rows,
         n_blocks,
-        BLOCK_SIZE=mx.block_size,
+        HALF_BLOCK=half_block,
         BLOCK_R=config.block_r,
-        BLOCK_K=config.block_k,
+        CHUNK=config.chunk,
         SCALE_CHUNK=config.scale_chunk,
         num_warps=config.num_warps,
     )
