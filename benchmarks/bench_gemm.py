@@ -31,9 +31,9 @@ LLAMA3_8B_SHAPES = ((16384, 4096, 4096), (16384, 14336, 4096), (16384, 4096, 143
 ROUTES = ("fold_fp8", "triton_fp8", "dot_scaled", "dequant_bf16")
 FOLD_CONFIGS = (
     FoldConfig(),
-    FoldConfig(block_r=32, chunk=8, num_warps=8),
     FoldConfig(block_r=8, chunk=16),
-    FoldConfig(block_r=64, chunk=4, num_warps=8),
+    FoldConfig(block_r=16, chunk=16),
+    FoldConfig(block_r=32, chunk=16, num_warps=8),
 )
 SPREAD_BINADES = 20  # block scales of the underflow stress input span this many binades
 

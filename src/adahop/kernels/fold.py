@@ -30,11 +30,13 @@ EXACT_BINADES = 14  # blocks up to this far below their row's reference fold exa
 # Blocks further below than this flush to zero entirely (6 * 2**-16 < 2**-10, half the smallest
 # E4M3 subnormal); clamping the shift there keeps every intermediate exact in float32.
 FLUSH_SHIFT = -16
+PIECE_BYTES = 8  # packed bytes per thread access: 8 in, 16 E4M3 codes (one 16-byte store) out
 
 # The same numbers as Triton compile-time constants, plus the E4M3 facts the kernel needs.
 _OFFSET = tl.constexpr(FOLD_OFFSET)
 _FLUSH = tl.constexpr(FLUSH_SHIFT)
 _E4M3_NAN_PAIR = tl.constexpr(0x7F7F)
+_PIECE = tl.constexpr(PIECE_BYTES)
 _MIN_NORMAL_SHIFT = tl.constexpr(-5)  # 0.5 * 2**-5 = 2**-6, E4M3's smallest normal
 _E4M3_MIN_NORMAL = tl.constexpr(2.0**-6)
 _E4M3_SUBNORMAL_STEPS = tl.constexpr(512.0)  # 1 / 2**-9, the subnormal quantum
@@ -119,6 +121,48 @@ def _fold_nibbles(codes, shift):
 
 
 @triton.jit
+def _fold_rows(
+    data_ptr, scales_ptr, lut_ptr, out_ptr, rows, row_ok, ref, n_blocks,
+    HALF_BLOCK: tl.constexpr, CHUNK: tl.constexpr, EXACT: tl.constexpr,
+):
+    """Fold rows in [rows, pieces, 8 bytes] tiles, each packed byte into a pair of E4M3 codes.
+
+    A thread reads 8 packed bytes and writes 16 E4M3 codes: one 16-byte store, and the same
+    register layout for both (no shuffle through shared memory). ``EXACT=False`` serves rows
+    whose blocks all stay normal E4M3 numbers: a table gives a byte's two unshifted codes and the
+    shift is added to both exponent fields at once. ``EXACT=True`` rounds far-below blocks onto
+    the subnormal grid and counts the elements that lose bits.
+    """
+    n_pieces = n_blocks * (HALF_BLOCK // _PIECE)
+    row_bytes = rows.to(tl.int64)[:, None, None] * (n_blocks * HALF_BLOCK)
+    scale_rows = scales_ptr + rows.to(tl.int64)[:, None, None] * n_blocks
+    byte = tl.arange(0, _PIECE)[None, None, :]
+    n_lossy = tl.zeros(rows.shape, dtype=tl.int32)
+    for p0 in range(0, n_pieces, CHUNK):
+        piece = p0 + tl.arange(0, CHUNK)[None, :, None]
+        ok = row_ok[:, None, None] & (piece < n_pieces)
+        codes = tl.load(scale_rows + piece // (HALF_BLOCK // _PIECE), mask=ok, other=0).to(tl.int32)
+        nan = codes == 255
+        # Exponent shift of each block relative to the row's reference (none where masked).
+        shift = tl.where(nan | ~ok, _OFFSET, codes - ref[:, None, None] + _OFFSET)
+        offs = row_bytes + piece * _PIECE + byte
+        packed = tl.load(data_ptr + offs, mask=ok, other=0)
+        if EXACT:
+            flushed = tl.maximum(shift, _FLUSH)
+            lo, lossy_lo = _fold_nibbles(packed & 0xF, flushed)
+            hi, lossy_hi = _fold_nibbles(packed >> 4, flushed)
+            pair = lo | (hi << 8)
+            lossy = (lossy_lo.to(tl.int32) + lossy_hi.to(tl.int32)) * (ok & ~nan)
+            n_lossy += tl.sum(tl.sum(lossy, axis=2), axis=1)
+        else:
+            entry = tl.load(lut_ptr + packed)
+            pair = (entry & 0xFFFF) + (entry >> 16) * (shift << 3)
+        pair = tl.where(nan, _E4M3_NAN_PAIR, pair)
+        tl.store(out_ptr + offs, pair.to(tl.int16), mask=ok)
+    return n_lossy
+
+
+@triton.jit
 def _fold_kernel(
     data_ptr,
     scales_ptr,
@@ -133,57 +177,42 @@ def _fold_kernel(
     CHUNK: tl.constexpr,
     SCALE_CHUNK: tl.constexpr,
 ):
-    """Each packed byte becomes one 16-bit pair of E4M3 codes; tiles are [rows, blocks, bytes]."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < n_rows
     scale_rows = scales_ptr + rows.to(tl.int64)[:, None] * n_blocks
 
-    # The row's reference exponent: its largest finite E8M0 code.
+    # Each row's reference exponent (its largest finite E8M0 code) and its smallest one.
     ref = tl.zeros([BLOCK_R], dtype=tl.int32)
+    low = tl.full([BLOCK_R], 255, dtype=tl.int32)
     for b0 in range(0, n_blocks, SCALE_CHUNK):
         blk = b0 + tl.arange(0, SCALE_CHUNK)[None, :]
-        codes = tl.load(scale_rows + blk, mask=row_ok[:, None] & (blk < n_blocks), other=0)
-        codes = tl.where(codes == 255, 0, codes.to(tl.int32))
-        ref = tl.maximum(ref, tl.max(codes, axis=1))
+        codes = tl.load(scale_rows + blk, mask=row_ok[:, None] & (blk < n_blocks), other=255)
+        codes = codes.to(tl.int32)
+        ref = tl.maximum(ref, tl.max(tl.where(codes == 255, 0, codes), axis=1))
+        low = tl.minimum(low, tl.min(codes, axis=1))
     # 2**(ref - 127 - FOLD_OFFSET) from bits; a subnormal float32 when the biased exponent is <= 0.
     scale_exp = ref - _OFFSET
     scale_bits = tl.where(scale_exp > 0, scale_exp << 23, 1 << (22 + scale_exp))
     tl.store(row_scale_ptr + rows, scale_bits, mask=row_ok)
 
-    row_bytes = rows.to(tl.int64)[:, None, None] * (n_blocks * HALF_BLOCK)
-    byte = tl.arange(0, HALF_BLOCK)[None, None, :]
-    n_lossy = tl.zeros([BLOCK_R], dtype=tl.int32)
-    for b0 in range(0, n_blocks, CHUNK):
-        blk = b0 + tl.arange(0, CHUNK)[None, :]
-        ok = row_ok[:, None] & (blk < n_blocks)
-        codes = tl.load(scale_rows + blk, mask=ok, other=0).to(tl.int32)
-        nan = codes == 255
-        # Exponent shift of each block relative to the row's reference (no shift where masked).
-        shift = tl.where(nan | ~ok, _OFFSET, codes - ref[:, None] + _OFFSET)
-        offs = row_bytes + blk[:, :, None] * HALF_BLOCK + byte
-        packed = tl.load(data_ptr + offs, mask=ok[:, :, None], other=0)
-        if tl.min(shift) >= _MIN_NORMAL_SHIFT:
-            # Every element stays a normal E4M3 number: add the shift to both exponent fields.
-            entry = tl.load(lut_ptr + packed)
-            pair = (entry & 0xFFFF) + (entry >> 16) * (shift << 3)[:, :, None]
-        else:
-            flushed = tl.maximum(shift, _FLUSH)[:, :, None]
-            lo, lossy_lo = _fold_nibbles(packed & 0xF, flushed)
-            hi, lossy_hi = _fold_nibbles(packed >> 4, flushed)
-            pair = lo | (hi << 8)
-            lossy = (lossy_lo.to(tl.int32) + lossy_hi.to(tl.int32)) * (ok & ~nan)[:, :, None]
-            n_lossy += tl.sum(tl.sum(lossy, axis=2), axis=1)
-        pair = tl.where(nan[:, :, None], _E4M3_NAN_PAIR, pair)
-        tl.store(out_ptr + offs, pair.to(tl.int16), mask=ok[:, :, None])
+    # One decision per program keeps the common loop free of rounding work and reductions.
+    if tl.min(low - ref) + _OFFSET >= _MIN_NORMAL_SHIFT:
+        n_lossy = _fold_rows(
+            data_ptr, scales_ptr, lut_ptr, out_ptr, rows, row_ok, ref, n_blocks, HALF_BLOCK, CHUNK, False
+        )
+    else:
+        n_lossy = _fold_rows(
+            data_ptr, scales_ptr, lut_ptr, out_ptr, rows, row_ok, ref, n_blocks, HALF_BLOCK, CHUNK, True
+        )
     tl.store(lossy_ptr + rows, n_lossy, mask=row_ok)
 
 
 @dataclass(frozen=True)
 class FoldConfig:
-    """Tile of the fold kernel: rows per program and 32-blocks per step (a memory-bound pass)."""
+    """Tile of the fold kernel: rows per program, 8-byte pieces of each row per step."""
 
-    block_r: int = 16
-    chunk: int = 8
+    block_r: int = 8
+    chunk: int = 32
     scale_chunk: int = 128
     num_warps: int = 4
 
@@ -191,9 +220,8 @@ class FoldConfig:
 def fold_to_fp8(mx: MXTensor, config: FoldConfig = FoldConfig()) -> FoldedFP8:
     """Fold an [R, K] MXFP4 matrix (blocks along K) into E4M3 data and per-row scales."""
     check_fold_operand(mx)
-    half_block = mx.block_size // 2
-    if not (mx.device.type == "cuda" or INTERPRET) or half_block & (half_block - 1):
-        return fold_to_fp8_reference(mx)  # no Triton device, or a block size tiles can't hold
+    if not (mx.device.type == "cuda" or INTERPRET) or mx.block_size % (2 * PIECE_BYTES):
+        return fold_to_fp8_reference(mx)  # no Triton device, or blocks the tiles can't split
     n_rows, n_blocks = mx.scales.shape
     data = torch.empty(n_rows, n_blocks * mx.block_size, dtype=torch.float8_e4m3fn, device=mx.device)
     row_scale = torch.empty(n_rows, dtype=torch.float32, device=mx.device)
@@ -208,7 +236,7 @@ def fold_to_fp8(mx: MXTensor, config: FoldConfig = FoldConfig()) -> FoldedFP8:
         lossy,
         n_rows,
         n_blocks,
-        HALF_BLOCK=half_block,
+        HALF_BLOCK=mx.block_size // 2,
         BLOCK_R=config.block_r,
         CHUNK=config.chunk,
         SCALE_CHUNK=config.scale_chunk,
