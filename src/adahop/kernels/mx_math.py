@@ -4,22 +4,24 @@ Every step is integer arithmetic on float32 bit patterns or a float32 operation 
 is pinned down (adds, multiplies by powers of two), so results agree between the GPU and
 ``TRITON_INTERPRET=1``: no libdevice, no ``.to(tl.bfloat16)`` / FP8 casts (wrong in the
 interpreter), and no fused multiply-add hazards (every product that could be contracted into
-an FMA is exact).
+an FMA is exact). The one exception, ``round_to_bf16``, uses the hardware cast when compiled.
 """
 
 import triton
 import triton.language as tl
 
-F32_MBITS: tl.constexpr = 23
-F32_BIAS: tl.constexpr = 127
-F32_ABS_MASK: tl.constexpr = 0x7FFFFFFF
-F32_MANTISSA_MASK: tl.constexpr = 0x7FFFFF
-F32_INF_BITS: tl.constexpr = 0x7F800000
-E8M0_NAN: tl.constexpr = 255
+F32_MBITS = tl.constexpr(23)
+F32_BIAS = tl.constexpr(127)
+F32_ABS_MASK = tl.constexpr(0x7FFFFFFF)
+F32_MANTISSA_MASK = tl.constexpr(0x7FFFFF)
+F32_EXP_MASK = tl.constexpr(0x7F800000)
+F32_INF_BITS = tl.constexpr(0x7F800000)
+E8M0_NAN = tl.constexpr(255)
 # Adding then subtracting 1.5 * 2**23 rounds a float32 in [0, 2**22) to an integer, ties to even.
-RNE_MAGIC: tl.constexpr = 12582912.0
-UNIFORM_SHIFT: tl.constexpr = 8  # keep the top 24 Philox bits (adahop.formats.philox)
-UNIFORM_STEP: tl.constexpr = 5.9604644775390625e-08  # 2**-24
+RNE_MAGIC = tl.constexpr(12582912.0)
+RNE_MAGIC_BITS = tl.constexpr(0x4B400000)
+UNIFORM_SHIFT = tl.constexpr(8)  # keep the top 24 Philox bits (adahop.formats.philox)
+UNIFORM_STEP = tl.constexpr(5.9604644775390625e-08)  # 2**-24
 
 
 @triton.jit
@@ -30,8 +32,14 @@ def bf16_bits_to_float(bits):
 
 
 @triton.jit
-def round_to_bf16(v):
-    """Round float32 to the nearest bfloat16 (ties to even), returned as float32; NaN stays NaN."""
+def round_to_bf16(v, NATIVE: tl.constexpr):
+    """Round float32 to the nearest bfloat16 (ties to even), returned as float32; NaN stays NaN.
+
+    ``NATIVE`` uses the hardware conversion (one instruction per two values on the GPU); the
+    interpreter's ``.to(tl.bfloat16)`` truncates, so there the rounding is done on the bits.
+    """
+    if NATIVE:
+        return v.to(tl.bfloat16).to(tl.float32)
     bits = v.to(tl.uint32, bitcast=True)
     rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
     is_nan = (bits & F32_ABS_MASK) > F32_INF_BITS
@@ -48,8 +56,8 @@ def walsh_hadamard_butterfly(v, STAGES: tl.constexpr):
     ROWS: tl.constexpr = v.shape[0]
     N: tl.constexpr = v.shape[1]
     for stage in tl.static_range(STAGES):
-        H: tl.constexpr = 1 << stage
-        pairs = tl.permute(tl.reshape(v, [ROWS * N // (2 * H), 2, H]), (0, 2, 1))
+        pairs = tl.reshape(v, [ROWS * N // (2 << stage), 2, 1 << stage])  # (v[i], v[i + h])
+        pairs = tl.permute(pairs, (0, 2, 1))
         a, b = tl.split(pairs)
         v = tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 2, 1)), [ROWS, N])
     return v
@@ -70,7 +78,7 @@ def shared_exponent(amax_bits, RULE: tl.constexpr, EMAX: tl.constexpr, MAX_NORMA
     elif RULE == "ceil":
         s = exponent_field(amax_bits) + ((amax_bits & F32_MANTISSA_MASK) != 0).to(tl.int32) - EMAX
     elif RULE == "even":
-        HALF_ULP: tl.constexpr = 1 << (F32_MBITS - MBITS - 1)
+        HALF_ULP: tl.constexpr = (F32_MANTISSA_MASK + 1) >> (MBITS + 1)
         s = exponent_field((amax_bits + HALF_ULP) & ~F32_MANTISSA_MASK) - EMAX
     else:  # "rceil": the division is correctly rounded, like torch's
         amax = amax_bits.to(tl.float32, bitcast=True)
@@ -98,24 +106,27 @@ def philox_uniform(seed, offsets):
 @triton.jit
 def encode_elements(scaled, noise, STOCHASTIC: tl.constexpr, MBITS: tl.constexpr,
                     EMIN: tl.constexpr, MAX_CODE: tl.constexpr, SIGN_SHIFT: tl.constexpr):
-    """Element codes (uint8) of float32 values already divided by their block scale.
+    """Element codes (uint8) of finite float32 values already divided by their block scale.
 
     Rounds ``|v| / quantum`` to an integer number of steps (nearest-even, or ``floor(steps +
     noise)``) exactly as ``formats.elements.round_to_element``, then reads the code off directly:
     ``((e - emin) << mbits) + steps``, where a carry out of the mantissa moves into the exponent
-    and saturation is a clamp at the code of ``max_normal``.
+    and saturation is a clamp at the code of ``max_normal``. Works on exponent bits so that
+    ``e``, ``1 / quantum`` and the code's exponent field cost a few integer operations.
     """
     bits = scaled.to(tl.uint32, bitcast=True)
-    sign = (bits >> 31).to(tl.int32)
-    mag = (bits & F32_ABS_MASK).to(tl.float32, bitcast=True)
-    e = tl.maximum(exponent_field(bits & F32_ABS_MASK), EMIN)
-    steps = mag * exp2_int(MBITS - e)  # a power-of-two multiple: exact
+    # Biased exponent field of the binade whose grid spacing applies (subnormals share emin's).
+    binade = tl.maximum(bits & F32_EXP_MASK, (EMIN + F32_BIAS) << F32_MBITS)
+    inv_quantum_exp = tl.full(binade.shape, (MBITS + 2 * F32_BIAS) << F32_MBITS, tl.uint32)
+    inv_quantum = (inv_quantum_exp - binade).to(tl.float32, bitcast=True)  # 2**(mbits - e)
+    steps = tl.abs(scaled) * inv_quantum  # a power-of-two multiple: exact
     if STOCHASTIC:
-        steps = tl.floor(steps + noise)
+        steps = (steps + noise).to(tl.uint32)  # truncation is floor here
     else:
-        steps = (steps + RNE_MAGIC) - RNE_MAGIC
-    code = tl.minimum(((e - EMIN) << MBITS) + steps.to(tl.int32), MAX_CODE)
-    return (code | (sign << SIGN_SHIFT)).to(tl.uint8)
+        steps = (steps + RNE_MAGIC).to(tl.uint32, bitcast=True) - RNE_MAGIC_BITS
+    code = (binade >> (F32_MBITS - MBITS)) - ((EMIN + F32_BIAS) << MBITS) + steps
+    sign = (bits >> (31 - SIGN_SHIFT)) & (1 << SIGN_SHIFT)
+    return (tl.minimum(code, MAX_CODE) | sign).to(tl.uint8)
 
 
 @triton.jit

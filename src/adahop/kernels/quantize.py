@@ -64,8 +64,8 @@ CUDA_TILING = QuantizeTiling()
 def _quantize_tile(
     v, row_start, col_start, n_rows, length, padded_len,
     data_ptr, scale_ptr, signs_ptr, seed, hadamard_scale,
-    ROUND_TO: tl.constexpr, HADAMARD: tl.constexpr, HADAMARD_STAGES: tl.constexpr,
-    HAS_SIGNS: tl.constexpr, BLOCK_SIZE: tl.constexpr, RULE: tl.constexpr,
+    ROUND_TO: tl.constexpr, NATIVE_CASTS: tl.constexpr, HADAMARD: tl.constexpr,
+    HADAMARD_STAGES: tl.constexpr, HAS_SIGNS: tl.constexpr, BLOCK_SIZE: tl.constexpr, RULE: tl.constexpr,
     STOCHASTIC: tl.constexpr, EMAX: tl.constexpr, EMIN: tl.constexpr, MBITS: tl.constexpr,
     MAX_NORMAL: tl.constexpr, MAX_CODE: tl.constexpr, ELEMENT_BITS: tl.constexpr,
 ):
@@ -86,7 +86,7 @@ def _quantize_tile(
         groups = walsh_hadamard_butterfly(groups, HADAMARD_STAGES) * hadamard_scale
         v = tl.reshape(groups, [R, C])
         if ROUND_TO == "bf16":  # hadamard_transform returns the input dtype
-            v = round_to_bf16(v)
+            v = round_to_bf16(v, NATIVE_CASTS)
         elif ROUND_TO == "fp16":
             v = v.to(tl.float16).to(tl.float32)
         v = tl.where(cols[None, :] < length, v, 0.0)  # padding is +0, as in the reference
@@ -96,9 +96,7 @@ def _quantize_tile(
     finite = amax_bits < F32_INF_BITS  # NaN/Inf blocks: scale code 255, element codes 0
     s = shared_exponent(amax_bits, RULE, EMAX, MAX_NORMAL, MBITS)
     # s <= 126 for every finite float32 amax and format, so 2**-s is a normal number.
-    inv_scale = exp2_int(tl.where(finite, -s, 0))
-    scaled = tl.where(finite[:, :, None], blocks * inv_scale[:, :, None], 0.0)
-    scaled = tl.reshape(scaled, [R, C])
+    scaled = tl.reshape(blocks * exp2_int(-s)[:, :, None], [R, C])
 
     noise = 0.0
     if STOCHASTIC:
@@ -113,6 +111,9 @@ def _quantize_tile(
     else:
         data_cols = cols
         row_bytes = padded_len
+    # Zero the (meaningless) codes of NaN/Inf blocks once they are packed: fewer selects.
+    codes = tl.reshape(codes, [R, C // BLOCK_SIZE, BLOCK_SIZE * ELEMENT_BITS // 8])
+    codes = tl.reshape(tl.where(finite[:, :, None], codes, 0), [R, C * ELEMENT_BITS // 8])
     data_offs = rows[:, None].to(tl.int64) * row_bytes + data_cols[None, :]
     tl.store(data_ptr + data_offs, codes, mask=row_ok & (data_cols[None, :] < row_bytes))
 
@@ -128,8 +129,9 @@ def _quantize_mx_kernel(
     x_ptr, signs_ptr, row_data_ptr, row_scale_ptr, col_data_ptr, col_scale_ptr,
     M, N, stride_m, stride_n, m_padded, n_padded, seed, hadamard_scale,
     ROWWISE: tl.constexpr, COLWISE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    INPUT_BF16: tl.constexpr, ROUND_TO: tl.constexpr, HADAMARD: tl.constexpr,
-    HADAMARD_STAGES: tl.constexpr, HAS_SIGNS: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    INPUT_BF16: tl.constexpr, ROUND_TO: tl.constexpr, NATIVE_CASTS: tl.constexpr,
+    HADAMARD: tl.constexpr, HADAMARD_STAGES: tl.constexpr, HAS_SIGNS: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
     RULE: tl.constexpr, STOCHASTIC: tl.constexpr, EMAX: tl.constexpr, EMIN: tl.constexpr,
     MBITS: tl.constexpr, MAX_NORMAL: tl.constexpr, MAX_CODE: tl.constexpr,
     ELEMENT_BITS: tl.constexpr,
@@ -149,13 +151,13 @@ def _quantize_mx_kernel(
     if ROWWISE:
         _quantize_tile(
             x, row_start, col_start, M, N, n_padded, row_data_ptr, row_scale_ptr, signs_ptr,
-            seed, hadamard_scale, ROUND_TO, HADAMARD, HADAMARD_STAGES, HAS_SIGNS, BLOCK_SIZE,
+            seed, hadamard_scale, ROUND_TO, NATIVE_CASTS, HADAMARD, HADAMARD_STAGES, HAS_SIGNS, BLOCK_SIZE,
             RULE, STOCHASTIC, EMAX, EMIN, MBITS, MAX_NORMAL, MAX_CODE, ELEMENT_BITS,
         )
     if COLWISE:
         _quantize_tile(
             tl.trans(x), col_start, row_start, N, M, m_padded, col_data_ptr, col_scale_ptr,
-            signs_ptr, seed, hadamard_scale, ROUND_TO, HADAMARD, HADAMARD_STAGES, HAS_SIGNS,
+            signs_ptr, seed, hadamard_scale, ROUND_TO, NATIVE_CASTS, HADAMARD, HADAMARD_STAGES, HAS_SIGNS,
             BLOCK_SIZE, RULE, STOCHASTIC, EMAX, EMIN, MBITS, MAX_NORMAL, MAX_CODE, ELEMENT_BITS,
         )
 
@@ -221,7 +223,7 @@ def _quantize(
         -(-M // block_size) * block_size, -(-N // block_size) * block_size,
         0 if seed is None else seed, 1 / math.sqrt(hb) if hb else 1.0,
         ROWWISE=rowwise, COLWISE=colwise, BLOCK_M=block_m, BLOCK_N=block_n,
-        INPUT_BF16=x.dtype == torch.bfloat16, ROUND_TO=round_to,
+        INPUT_BF16=x.dtype == torch.bfloat16, ROUND_TO=round_to, NATIVE_CASTS=x.is_cuda,
         HADAMARD=hb, HADAMARD_STAGES=max(hb.bit_length() - 1, 0), HAS_SIGNS=signs is not None,
         BLOCK_SIZE=block_size, RULE=scale_rule, STOCHASTIC=rounding == "stochastic",
         EMAX=efmt.emax, EMIN=efmt.emin, MBITS=efmt.mbits, MAX_NORMAL=efmt.max_normal,
