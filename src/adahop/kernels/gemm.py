@@ -1,17 +1,17 @@
 """``mx_matmul``: ``C = A @ B.T`` for two MXFP4 operands blocked along K, by one of four routes.
 
 Every GEMM of a linear layer can be written in this TN form by quantizing the right copy of each
-operand (see :mod:`adahop.gemm.operand`). Routes, measured on an H200 by
-``benchmarks/bench_gemm.py``:
+operand (see :mod:`adahop.gemm.operand`). Routes, with their speed on an H200 relative to cuBLAS
+BF16 (geometric mean over the Llama-3-8B shapes, ``benchmarks/results/2026-12-02-h200-gemm.md``):
 
-- ``"fold_fp8"``: fold block scales into E4M3 values and per-row scales
-  (:mod:`adahop.kernels.fold`), then cuBLAS's row-wise scaled FP8 GEMM (``torch._scaled_mm``).
-  The fastest on Hopper; exact up to blocks more than 14 binades below their row's largest,
-  whose underflowed elements are counted (``return_stats=True``).
-- ``"triton_fp8"``: a Triton FP8 GEMM that decodes nibbles in registers and promotes every
-  32-wide block (:mod:`adahop.kernels.gemm_triton`). No underflow; slower.
-- ``"dot_scaled"``: ``tl.dot_scaled`` e2m1 x e2m1, BF16 tensor cores on Hopper.
-- ``"dequant_bf16"``: dequantize to BF16 (exact) and ``torch.matmul``; runs anywhere.
+- ``"fold_fp8"`` (1.80x, fold included; 2.03x without): fold block scales into E4M3 values and
+  per-row scales (:mod:`adahop.kernels.fold`), then cuBLAS's row-wise scaled FP8 GEMM
+  (``torch._scaled_mm``). Exact unless a block lies more than 14 binades below its row's largest;
+  such underflowed elements are counted (``return_stats=True``).
+- ``"triton_fp8"`` (0.09x): a Triton FP8 GEMM that decodes nibbles in registers and promotes
+  every 32-wide block (:mod:`adahop.kernels.gemm_triton`). No underflow.
+- ``"dot_scaled"`` (0.16x): ``tl.dot_scaled`` e2m1 x e2m1, upcast to BF16 on Hopper.
+- ``"dequant_bf16"`` (0.39x): dequantize to BF16 (exact) and ``torch.matmul``; runs anywhere.
 
 ``"auto"`` picks ``fold_fp8`` on Hopper (``triton_fp8`` when N is not a multiple of 16, which
 cuBLAS FP8 refuses) and ``dequant_bf16`` elsewhere.
