@@ -110,14 +110,13 @@ def bench_shape(m: int, n: int, k: int, error_rows: int, copy_bw: float) -> dict
             "ratio_vs_bf16": bf16_ms / ms,
             "rel_error_fp32_out": ((out - ref).norm() / ref.norm()).item(),
         }
-    del fa, fb, ref
 
     for route in ROUTES:
         try:
             ms = ms_of(lambda route=route: mx_matmul(a, b, route=route))
             entry = {"tflops": tflops(m, n, k, ms), "ratio_vs_bf16": bf16_ms / ms}
             entry.update(rel_errors(a, b, rows, route=route))
-        except Exception as err:  # a route that fails to build on this GPU is reported, not fatal
+        except Exception as err:  # noqa: BLE001 - a route that fails on this GPU is reported, not fatal
             entry = {"error": f"{type(err).__name__}: {err}"[:500]}
         result["routes"][route] = entry
         torch.cuda.empty_cache()
@@ -152,8 +151,10 @@ def print_table(report: dict) -> None:
         excl = s["fold_fp8_gemm_only_fast_accum_True"]["ratio_vs_bf16"]
         print(f"{shape:>20} {s['bf16_tflops']:7.0f} " + " ".join(cells) + f" {excl:10.2f}x")
     print("TFLOP/s and ratio to cuBLAS BF16; errors and underflow counts are in the JSON.")
-    print(f"auto route ({report['auto_route']}): {report['gemm_speedup_vs_bf16']:.2f}x BF16 (geomean, fold "
-          f"included), {report['gemm_speedup_vs_bf16_excluding_fold']:.2f}x excluding the fold")
+    print(
+        f"auto route ({report['auto_route']}): {report['gemm_speedup_vs_bf16']:.2f}x BF16 (geomean, fold "
+        f"included), {report['gemm_speedup_vs_bf16_excluding_fold']:.2f}x excluding the fold"
+    )
 
 
 def main() -> None:
@@ -172,7 +173,7 @@ def main() -> None:
         "triton": triton.__version__,
         "cuda": torch.version.cuda,
         "python": platform.python_version(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "auto_route": auto,
         "copy_gb_per_s": copy_bw,
         "shapes": shapes,

@@ -23,7 +23,7 @@ import triton.language as tl
 from ..formats import MXTensor
 from ..formats.elements import E4M3, decode_e2m1, encode_fp8
 from ..formats.scales import E8M0_BIAS, E8M0_NAN
-from .mx_triton import INTERPRET, e2m1_to_fp32, unpack_fp4
+from .mx_triton import INTERPRET, e2m1_to_fp32
 
 FOLD_OFFSET = 6  # c for E4M3: the largest E2M1 value 6 * 2**6 = 384 stays below 448
 EXACT_BINADES = 14  # blocks up to this far below their row's reference fold exactly
@@ -91,10 +91,10 @@ def byte_pair_lut(device: torch.device) -> torch.Tensor:
     """int32 [256]: for a packed byte, its two E2M1 codes as E4M3 bits (low byte first) in the
     low 16 bits, and 0x01 in bits 16 / 24 where the element is nonzero (whose exponent moves)."""
     byte = torch.arange(256, dtype=torch.uint8)
-    lo, hi = byte & 0xF, byte >> 4
-    e4m3 = lambda c: encode_fp8(decode_e2m1(c), E4M3).to(torch.int32)  # noqa: E731 exact casts
-    nonzero = lambda c: ((c & 7) != 0).to(torch.int32)  # noqa: E731
-    lut = e4m3(lo) | (e4m3(hi) << 8) | (nonzero(lo) << 16) | (nonzero(hi) << 24)
+    codes = torch.stack((byte & 0xF, byte >> 4))  # low nibble, high nibble
+    e4m3 = encode_fp8(decode_e2m1(codes), E4M3).to(torch.int32)  # exact: E2M1 values are E4M3 values
+    nonzero = ((codes & 7) != 0).to(torch.int32)
+    lut = e4m3[0] | (e4m3[1] << 8) | (nonzero[0] << 16) | (nonzero[1] << 24)
     return lut.to(device)
 
 
@@ -122,8 +122,17 @@ def _fold_nibbles(codes, shift):
 
 @triton.jit
 def _fold_rows(
-    data_ptr, scales_ptr, lut_ptr, out_ptr, rows, row_ok, ref, n_blocks,
-    HALF_BLOCK: tl.constexpr, CHUNK: tl.constexpr, EXACT: tl.constexpr,
+    data_ptr,
+    scales_ptr,
+    lut_ptr,
+    out_ptr,
+    rows,
+    row_ok,
+    ref,
+    n_blocks,
+    HALF_BLOCK: tl.constexpr,
+    CHUNK: tl.constexpr,
+    EXACT: tl.constexpr,
 ):
     """Fold rows in [rows, pieces, 8 bytes] tiles, each packed byte into a pair of E4M3 codes.
 

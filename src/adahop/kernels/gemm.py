@@ -66,7 +66,7 @@ def default_route(device: torch.device, n: int) -> str:
 
 
 def fold_fp8_matmul(
-    a: FoldedFP8, b: FoldedFP8, out_dtype: torch.dtype = torch.bfloat16, use_fast_accum: bool = True
+    a: FoldedFP8, b: FoldedFP8, out_dtype: torch.dtype = torch.bfloat16, fast_accum: bool = True
 ) -> torch.Tensor:
     """Row-wise scaled FP8 GEMM of two folded operands: ``(a.data @ b.data.T) * sa[:, None] * sb``."""
     return torch._scaled_mm(
@@ -75,7 +75,7 @@ def fold_fp8_matmul(
         scale_a=a.row_scale[:, None],
         scale_b=b.row_scale[None, :],
         out_dtype=out_dtype,
-        use_fast_accum=use_fast_accum,
+        use_fast_accum=fast_accum,
     )
 
 

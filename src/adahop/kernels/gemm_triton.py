@@ -179,7 +179,7 @@ def _launch(kernel, a: MXTensor, b: MXTensor, out_dtype: torch.dtype) -> torch.T
     M, N, K = a.data.shape[0], b.data.shape[0], 2 * a.data.shape[1]
     c = torch.empty(M, N, dtype=out_dtype, device=a.device)
     meta = _INTERPRET_META if INTERPRET else {}
-    grid = lambda META: (triton.cdiv(M, META["BLOCK_M"]) * triton.cdiv(N, META["BLOCK_N"]),)  # noqa: E731
+    grid = lambda META: (triton.cdiv(M, META["BLOCK_M"]) * triton.cdiv(N, META["BLOCK_N"]),)
     kernel[grid](
         a.data.contiguous(),
         a.scales.contiguous(),
