@@ -1,0 +1,216 @@
+"""Checkpoints: everything needed to continue a run exactly, written atomically.
+
+A checkpoint is one ``torch.save`` file, ``<run_dir>/checkpoints/step_XXXXXXX.pt``, holding
+
+| key         | what                                                                      |
+|-------------|---------------------------------------------------------------------------|
+| `format`    | `CHECKPOINT_FORMAT`                                                       |
+| `step`      | optimizer steps taken                                                     |
+| `model`     | `model.state_dict()`: with each AdaHOP layer's frozen plan, calibration votes and stochastic-rounding step counter (its `_extra_state`) |
+| `optimizer`, `scheduler` | their `state_dict()`s                                       |
+| `data`      | the training loader's position                                            |
+| `rng`       | torch CPU/CUDA, Python and NumPy generator states                         |
+| `config`    | the run's resolved `TrainConfig.to_dict()`                                |
+
+It is written to a temporary file in the same directory, flushed to disk and then renamed over
+the final name, so a crash mid-write leaves the previous checkpoints as they were. Only plain
+containers and tensors are stored, so loading uses ``weights_only=True``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+CHECKPOINT_FORMAT = 1
+CHECKPOINT_DIR = "checkpoints"
+_NAME = re.compile(r"^step_(\d+)\.pt$")
+REQUIRED_KEYS = ("format", "step", "model", "optimizer", "scheduler", "data", "rng", "config")
+MATCHING_SECTIONS = ("model", "recipe")  # a resumed run must not change these
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that is missing, unreadable or does not belong to this run."""
+
+
+def checkpoint_path(run_dir: str | Path, step: int) -> Path:
+    return Path(run_dir) / CHECKPOINT_DIR / f"step_{step:07d}.pt"
+
+
+def list_checkpoints(run_dir: str | Path) -> list[Path]:
+    """The run's checkpoints, oldest first."""
+    directory = Path(run_dir) / CHECKPOINT_DIR
+    if not directory.is_dir():
+        return []
+    found = [(int(m[1]), p) for p in directory.iterdir() if (m := _NAME.match(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    """The checkpoint with the highest step in ``run_dir/checkpoints``, or None."""
+    checkpoints = list_checkpoints(run_dir)
+    return checkpoints[-1] if checkpoints else None
+
+
+# ---- random generators ----------------------------------------------------------------------
+def rng_state() -> dict[str, Any]:
+    """Every generator a training step may draw from (NumPy's as plain lists for weights_only)."""
+    kind, key, pos, has_gauss, gauss = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "python": random.getstate(),
+        "numpy": (kind, key.tolist(), pos, has_gauss, gauss),
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    random.setstate(state["python"])
+    kind, key, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, np.asarray(key, dtype=np.uint32), pos, has_gauss, gauss))
+
+
+# ---- writing --------------------------------------------------------------------------------
+def training_state(
+    step: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    loader: Any,
+    config: dict[str, Any],
+) -> dict[str, Any]:
+    """The checkpoint of a run after ``step`` optimizer steps (see the module docstring)."""
+    return {
+        "format": CHECKPOINT_FORMAT,
+        "step": step,
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "data": loader.state_dict(),
+        "rng": rng_state(),
+        "config": config,
+    }
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make a rename in ``directory`` durable (a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
+    """Write ``state`` to ``path`` atomically: temporary file, fsync, rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    _fsync_dir(path.parent)
+    return path
+
+
+def prune_checkpoints(run_dir: str | Path, keep_last: int) -> None:
+    """Delete all but the newest ``keep_last`` checkpoints."""
+    for path in list_checkpoints(run_dir)[:-keep_last]:
+        path.unlink()
+
+
+# ---- reading --------------------------------------------------------------------------------
+def resolve_checkpoint(path_or_run_dir: str | Path) -> Path:
+    """A checkpoint file, or the latest checkpoint of a run directory."""
+    path = Path(path_or_run_dir)
+    if path.is_dir():
+        latest = latest_checkpoint(path)
+        if latest is None:
+            raise CheckpointError(f"{path}: no checkpoints in {path / CHECKPOINT_DIR}")
+        return latest
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such checkpoint file or run directory")
+    return path
+
+
+def read_checkpoint(path: Path) -> dict[str, Any]:
+    """The raw checkpoint dict, or a CheckpointError saying which file is wrong and how."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # truncated zip, garbage bytes, foreign pickle: all unreadable
+        raise CheckpointError(f"{path}: not a readable checkpoint, corrupt or truncated ({e})") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path}: not an adahop checkpoint (holds a {type(state).__name__})")
+    missing = [k for k in REQUIRED_KEYS if k not in state]
+    if missing:
+        raise CheckpointError(f"{path}: not an adahop checkpoint (missing {', '.join(missing)})")
+    if state["format"] != CHECKPOINT_FORMAT:
+        raise CheckpointError(
+            f"{path}: checkpoint format {state['format']!r}, this adahop reads format {CHECKPOINT_FORMAT}"
+        )
+    return state
+
+
+def check_matches(path: Path, saved: dict[str, Any], current: dict[str, Any]) -> None:
+    """Raise if the checkpoint's model or recipe differs from the current config's."""
+    for section in MATCHING_SECTIONS:
+        if saved[section] != current[section]:
+            diff = sorted(
+                k for k in saved[section].keys() | current[section].keys()
+                if saved[section].get(k) != current[section].get(k)
+            )
+            details = ", ".join(
+                f"{k}: checkpoint {saved[section].get(k)!r} vs config {current[section].get(k)!r}" for k in diff
+            )
+            raise CheckpointError(f"{path}: written for a different {section} ({details})")
+
+
+def load_checkpoint(
+    path_or_run_dir: str | Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: Any | None = None,
+    loader: Any | None = None,
+    *,
+    config: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Restore ``model`` (and whichever of optimizer, scheduler, data loader are given) from a
+    checkpoint file or the latest checkpoint of a run directory; returns the checkpoint dict
+    (``step``, ``config``, ``rng``, ...) with ``path`` added.
+
+    ``config`` (a ``TrainConfig.to_dict()``) makes a checkpoint written for another model
+    preset or recipe an error instead of a confusing shape mismatch. The caller restores the
+    random generators with ``set_rng_state(state["rng"])`` when it continues training.
+    """
+    path = resolve_checkpoint(path_or_run_dir)
+    state = read_checkpoint(path)
+    if config is not None:
+        check_matches(path, state["config"], config)
+    targets = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "data": loader}
+    for key, target in targets.items():
+        if target is None:
+            continue
+        try:
+            target.load_state_dict(state[key])
+        except (KeyError, RuntimeError, ValueError) as e:
+            raise CheckpointError(f"{path}: its {key} state does not fit this run: {e}") from None
+    state["path"] = path
+    return state

@@ -1,0 +1,94 @@
+"""Run metrics: ``metrics.jsonl`` (the record other tools read), TensorBoard, and ``loss.png``.
+
+``metrics.jsonl`` holds one JSON object per line, each with a ``kind`` and a ``step``:
+
+- ``{"kind": "train", "step", "loss", "lr", "grad_norm", "tokens", "tokens_per_s", "memory_mib", "phase"}``
+  every ``logging.log_every`` steps (``loss`` is that step's loss; ``tokens`` counts all tokens
+  trained on so far; ``phase`` is ``"calibrating"`` or ``"frozen"``);
+- ``{"kind": "val", "step", "loss", "perplexity"}`` every ``logging.val_every`` steps and at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "tb"
+PLOT_FILE = "loss.png"
+MIB = 2**20
+# ru_maxrss is in KiB on Linux, in bytes on macOS.
+_RSS_UNIT = 1 if sys.platform == "darwin" else 1024
+
+
+def peak_memory_mib(device: torch.device) -> float:
+    """Peak CUDA memory allocated by tensors, or the process's peak resident set on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / MIB
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * _RSS_UNIT / MIB
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """The records of a ``metrics.jsonl`` file (or of a run directory's)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / METRICS_FILE
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+class MetricsLogger:
+    """Appends records to ``metrics.jsonl`` and mirrors their numbers to TensorBoard.
+
+    A run resumed from step ``resume_step`` first drops the records logged after that step
+    (work the crash threw away), so the file and the event logs read as one uninterrupted run.
+    """
+
+    def __init__(self, run_dir: str | Path, resume_step: int = 0) -> None:
+        from torch.utils.tensorboard import SummaryWriter  # slow import: only when training
+
+        self.path = Path(run_dir) / METRICS_FILE
+        resuming = resume_step > 0 and self.path.exists()
+        kept = [r for r in read_metrics(self.path) if r["step"] <= resume_step] if resuming else []
+        self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        self._file = open(self.path, "a")
+        self._tb = SummaryWriter(Path(run_dir) / TENSORBOARD_DIR, purge_step=resume_step + 1 if resume_step else None)
+
+    def log(self, kind: str, step: int, **values: Any) -> None:
+        self._file.write(json.dumps({"kind": kind, "step": step, **values}) + "\n")
+        self._file.flush()
+        for name, value in values.items():
+            if isinstance(value, (int, float)):
+                self._tb.add_scalar(f"{kind}/{name}", value, step)
+
+    def close(self) -> None:
+        self._file.close()
+        self._tb.close()
+
+    def __enter__(self) -> MetricsLogger:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def plot_losses(records: list[dict[str, Any]], path: str | Path, title: str = "") -> None:
+    """Train and validation loss against step, saved as a PNG."""
+    from matplotlib.figure import Figure  # a bare Figure renders with Agg, no pyplot state
+
+    fig = Figure(figsize=(7, 4.5))
+    ax = fig.subplots()
+    for kind, style in (("train", "-"), ("val", "o-")):
+        points = [(r["step"], r["loss"]) for r in records if r["kind"] == kind]
+        if points:
+            ax.plot(*zip(*points), style, label=kind, markersize=4)
+    ax.set(xlabel="step", ylabel="loss", title=title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)

@@ -1,0 +1,38 @@
+"""AdamW with decoupled weight decay on matrices, and a linear-warmup cosine-decay schedule."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+from torch import nn
+from torch.optim.lr_scheduler import LambdaLR
+
+from .config import OptimConfig
+
+
+def build_optimizer(model: nn.Module, cfg: OptimConfig, device: torch.device) -> torch.optim.AdamW:
+    """AdamW; weight decay applies to matrices (linear and embedding weights), not to norm gains."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, fused=device.type == "cuda")
+
+
+def lr_multiplier(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> float:
+    """Factor on the peak lr for optimizer step ``step`` (0-based): linear warmup to 1 over
+    ``warmup_steps``, then a cosine down to ``min_lr_ratio`` at ``total_steps``."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def build_lr_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int) -> LambdaLR:
+    schedule = functools.partial(
+        lr_multiplier, warmup_steps=cfg.warmup_steps, total_steps=total_steps, min_lr_ratio=cfg.min_lr_ratio
+    )
+    return LambdaLR(optimizer, schedule)

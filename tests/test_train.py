@@ -1,0 +1,246 @@
+"""The trainer: config files and overrides, a short run per recipe, the CLI, non-finite stops.
+
+Runs use the ``tiny`` preset shrunk to 2 layers of width 64 on a small text made from the
+standard library's ``json`` package (a 512-token BPE), so each takes a few seconds on a CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from adahop.policy import ModelPlan
+from adahop.recipes import RECIPES
+from adahop.train import (
+    ConfigError,
+    NonFiniteLossError,
+    Trainer,
+    TrainConfig,
+    build_model_from_config,
+    latest_checkpoint,
+    load_checkpoint,
+    load_config,
+    read_metrics,
+)
+from adahop.train.cli import main
+from adahop.train.config import dump_toml
+from adahop.train.optim import lr_multiplier
+
+SMALL_MODEL = {"n_layers": 2, "dim": 64, "n_heads": 2, "n_kv_heads": 1, "max_seq_len": 64}
+LINEARS_PER_BLOCK = 7  # wq, wk, wv, wo, w1, w2, w3
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory) -> Path:
+    """About 50 kB of real text: the sources of the stdlib ``json`` package."""
+    text = "".join(p.read_text() for p in sorted(Path(json.__file__).parent.glob("*.py")))
+    path = tmp_path_factory.mktemp("corpus") / "json_sources.txt"
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture
+def small_overrides(corpus, cache_dir, monkeypatch):
+    """``small_overrides(out, **extra)``: (key, value) pairs of a seconds-long run in ``out``."""
+    monkeypatch.setenv("ADAHOP_CACHE", str(cache_dir))  # tokenizer and tokens cached per session
+
+    def make(out: Path, **extra) -> list[tuple[str, str]]:
+        pairs = {f"model.overrides.{k}": v for k, v in SMALL_MODEL.items()}
+        pairs |= {
+            "data.source": corpus, "data.seq_len": 32, "data.batch_size": 4, "data.vocab_size": 512,
+            "data.val_fraction": 0.1, "training.steps": 6, "training.device": "cpu",
+            "optim.warmup_steps": 2, "recipe.calibration_steps": 2, "checkpoint.interval": 2,
+            "logging.log_every": 1, "logging.val_every": 3, "logging.val_batches": 2, "out": out,
+        }
+        pairs |= {k.replace("__", "."): v for k, v in extra.items()}
+        return [(k, str(v)) for k, v in pairs.items()]
+
+    return make
+
+
+def as_argv(pairs: list[tuple[str, str]]) -> list[str]:
+    return [f"--{k}={v}" for k, v in pairs]
+
+
+# ---- config ---------------------------------------------------------------------------------
+def test_defaults_are_the_cpu_quickstart():
+    cfg = TrainConfig()
+    assert (cfg.model.preset, cfg.recipe.name, cfg.data.source) == ("tiny", "adahop_lv2", "stdlib")
+    assert cfg.recipe.calibration_steps == 30
+    assert cfg.run_dir == Path("runs/tiny-adahop_lv2")
+
+
+def test_toml_round_trip_and_precedence(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text(
+        'recipe = "adahop_lv1"\n[model]\npreset = "tiny"\n[model.overrides]\nn_layers = 3\n'
+        "[optim]\nlr = 0.01\nbetas = [0.8, 0.9]\n"
+    )
+    cfg = load_config(path, [("optim.lr", "0.005"), ("recipe.calibration_steps", "7")])
+    assert cfg.model.overrides == {"n_layers": 3}
+    assert cfg.optim.lr == 0.005 and cfg.optim.betas == (0.8, 0.9)  # the command line wins
+    assert (cfg.recipe.name, cfg.recipe.table, cfg.recipe.calibration_steps) == ("adahop_lv1", "lv1", 7)
+    saved = tmp_path / "saved.toml"
+    saved.write_text(cfg.to_toml())
+    assert load_config(saved).to_dict() == cfg.to_dict()
+
+
+def test_dump_toml_is_read_back_by_tomllib():
+    import tomllib
+
+    doc = {"a": 1, "b": 2.5e-7, "c": "x\"y\\z", "d": [1, 2], "e": True, "t": {"row,none": "bf16", "k": {"n": 1}}}
+    assert tomllib.loads(dump_toml(doc)) == doc
+
+
+@pytest.mark.parametrize(
+    "pairs, expected",
+    [
+        ([("model.preset", "huge")], "valid presets: tiny, small"),
+        ([("recipe", "fp2")], "adahop_lv1"),
+        ([("optim.lrate", "1")], "valid keys: betas, grad_clip, lr"),
+        ([("optimizer.lr", "1")], "sections checkpoint, data, logging, model, optim, recipe, training"),
+        ([("model.overrides.width", "1")], "valid keys: dim,"),
+        ([("optim.lr", "fast")], "optim.lr: expected a number"),
+        ([("training.steps", "2.5")], "training.steps: expected an integer"),
+        ([("training.device", "tpu")], "auto, cpu, cuda"),
+        ([("recipe.scale_rule", "up")], "floor"),
+        ([("training.steps", "0")], "training.steps must be positive"),
+        ([("data.seq_len", "4096")], "max_seq_len"),
+    ],
+)
+def test_bad_values_name_the_key_and_the_choices(pairs, expected):
+    with pytest.raises(ConfigError, match=expected):
+        load_config(None, pairs)
+
+
+def test_bad_config_file_is_named(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text("[optim]\nlearning_rate = 1\n")
+    with pytest.raises(ConfigError, match=r"bad\.toml: unknown key 'optim\.learning_rate'"):
+        load_config(path)
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["--model", "huge"], "invalid choice: 'huge' (choose from 'tiny', 'small'"),
+        (["--recipe", "fp2"], "choose from 'adahop_lv1', 'adahop_lv2', 'bf16', 'mxfp4', 'mxfp4_hadamard'"),
+        (["--steps", "many"], "invalid int value"),
+        (["--optim.lr=fast"], "optim.lr: expected a number"),
+        (["--model.preset=huge"], "valid presets: tiny"),
+        (["--optim.lr"], "--optim.lr needs a value"),
+        (["extra"], "unrecognized argument 'extra'"),
+        (["--config", "missing.toml"], "cannot read config missing.toml"),
+    ],
+)
+def test_cli_errors_exit_2_with_choices(argv, expected, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert expected in capsys.readouterr().err
+
+
+def test_lr_schedule_warmup_then_cosine():
+    warmup, total, floor = 10, 110, 0.1
+    assert lr_multiplier(0, warmup, total, floor) == pytest.approx(0.1)
+    assert lr_multiplier(9, warmup, total, floor) == pytest.approx(1.0)
+    assert lr_multiplier(10, warmup, total, floor) == pytest.approx(1.0)
+    assert lr_multiplier(60, warmup, total, floor) == pytest.approx((1 + floor) / 2)  # cos(pi/2) = 0
+    assert lr_multiplier(110, warmup, total, floor) == pytest.approx(floor)
+
+
+# ---- runs -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+def test_short_run_writes_the_run_directory(recipe, small_overrides, tmp_path):
+    cfg = load_config(None, small_overrides(tmp_path / "run", recipe=recipe, checkpoint__keep_last=2))
+    result = Trainer(cfg, progress=False).train()
+    run = tmp_path / "run"
+    assert result.run_dir == run and result.step == 6
+
+    assert load_config(run / "config.toml").to_dict() == cfg.to_dict()
+    assert (run / "loss.png").read_bytes()[:8] == PNG_SIGNATURE
+    assert any(p.name.startswith("events.out.tfevents") for p in (run / "tb").iterdir())
+    # checkpoints every 2 steps, the newest 2 kept
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_0000004.pt", "step_0000006.pt"]
+
+    records = read_metrics(run)
+    train = [r for r in records if r["kind"] == "train"]
+    val = [r for r in records if r["kind"] == "val"]
+    assert [r["step"] for r in train] == [1, 2, 3, 4, 5, 6]
+    assert [r["step"] for r in val] == [3, 6]
+    assert all(math.isfinite(r["loss"]) and r["memory_mib"] > 0 and r["tokens_per_s"] > 0 for r in train)
+    assert [r["tokens"] for r in train] == [128 * s for s in range(1, 7)]
+    assert [r["lr"] for r in train[:2]] == pytest.approx([cfg.optim.lr / 2, cfg.optim.lr])  # warmup
+    assert val[-1]["loss"] == result.val_loss and val[-1]["perplexity"] == pytest.approx(math.exp(result.val_loss))
+
+    # The plan covers every converted linear; calibrating recipes froze after 2 steps.
+    plan = ModelPlan.load(run / "plan.json")
+    assert len(plan) == LINEARS_PER_BLOCK * SMALL_MODEL["n_layers"]
+    if cfg.recipe.adaptive:
+        assert [r["phase"] for r in train[:3]] == ["calibrating", "calibrating", "frozen"]
+    else:
+        strategies = {s.value for p in plan.values() for s in p.strategies().values()}
+        assert strategies == {cfg.recipe.strategy}
+
+    # What `adahop analyze` does: rebuild from config.toml and load the latest checkpoint.
+    model = build_model_from_config(load_config(run / "config.toml"))
+    state = load_checkpoint(run, model)
+    assert state["step"] == 6 and state["path"] == latest_checkpoint(run)
+    for name, tensor in model.state_dict().items():
+        if isinstance(tensor, torch.Tensor):
+            assert torch.equal(tensor, state["model"][name]), name
+    assert ModelPlan.load(run / "plan.json").to_json() == ModelPlan(
+        {n: m.plan for n, m in model.named_modules() if getattr(m, "plan", None) is not None}
+    ).to_json()
+
+
+def test_cli_run_refuses_to_overwrite_then_resumes_from_saved_config(small_overrides, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(as_argv(small_overrides(run, training__steps=3))) == 0
+    assert f"Results in {run}/" in capsys.readouterr().out
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(as_argv(small_overrides(run, training__steps=3)))
+    assert exit_info.value.code == 2
+    assert "already holds checkpoints" in capsys.readouterr().err
+
+    # Only --out, --resume and a longer --steps: everything else comes from run/config.toml.
+    assert main(["--out", str(run), "--resume", "--steps", "5"]) == 0
+    assert [r["step"] for r in read_metrics(run) if r["kind"] == "train"] == [1, 2, 3, 4, 5]
+    assert load_config(run / "config.toml").training.steps == 5
+
+
+def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(small_overrides, tmp_path):
+    cfg = load_config(None, small_overrides(tmp_path / "run", recipe="mxfp4"))
+    trainer = Trainer(cfg, progress=False)
+
+    def poison_at_step_5(model, args):
+        if trainer.step == 4:  # the forward of step 5
+            model.tok_embeddings.weight.data[args[0][0, 0]] = float("nan")
+
+    trainer.model.register_forward_pre_hook(poison_at_step_5)
+    with pytest.raises(NonFiniteLossError, match=r"loss is nan at step 5 with recipe 'mxfp4'.*step_0000004\.pt"):
+        trainer.train()
+    run = tmp_path / "run"
+    assert latest_checkpoint(run).name == "step_0000004.pt"
+    assert [r["step"] for r in read_metrics(run) if r["kind"] == "train"] == [1, 2, 3, 4]
+    assert (run / "loss.png").exists()
+    model = build_model_from_config(cfg)
+    load_checkpoint(run, model)
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_cli_exits_1_when_the_loss_diverges(small_overrides, tmp_path, capsys):
+    argv = as_argv(small_overrides(tmp_path / "run", recipe="bf16", optim__lr=1e6, optim__warmup_steps=0))
+    assert main(argv) == 1
+    assert "with recipe 'bf16'" in capsys.readouterr().err
