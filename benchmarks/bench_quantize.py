@@ -1,8 +1,9 @@
 """Bandwidth of the fused MX quantizer against a device-to-device copy measured in the same run.
 
 Bandwidth counts the bytes the kernel must move (input read once, packed codes and scales
-written) and is reported as a fraction of the copy's (bytes read + written). Each case runs
-every tiling in ``TILINGS`` and keeps the fastest.
+written) and is reported as a fraction of the copy's (bytes read + written). Cases run with the
+default tiling; ``--sweep`` also tries every tiling in ``TILINGS`` and keeps the fastest
+(one compilation each).
 
     PYTHONPATH=src python benchmarks/bench_quantize.py --out benchmarks/results/quantize.json
 """
@@ -19,10 +20,16 @@ import torch
 import triton
 from triton.testing import do_bench
 
-from adahop.kernels.quantize import QuantizeTiling, quantize_mx_triton, quantize_mx_triton_both
+from adahop.kernels.quantize import (
+    CUDA_TILING,
+    QuantizeTiling,
+    quantize_mx_triton,
+    quantize_mx_triton_both,
+)
 
 TILINGS = (
-    QuantizeTiling(block_m=32, block_n=128, num_warps=4),
+    CUDA_TILING,
+    QuantizeTiling(block_m=32, block_n=256, num_warps=4),
     QuantizeTiling(block_m=64, block_n=64, num_warps=4),
     QuantizeTiling(block_m=64, block_n=128, num_warps=4),
     QuantizeTiling(block_m=128, block_n=128, num_warps=8),
@@ -49,11 +56,12 @@ def copy_gb_per_s(x: torch.Tensor) -> float:
 
 
 def run_case(x, orientation, hadamard_block_size, rounding, tiling):
-    kwargs = dict(rounding=rounding, seed=1, hadamard_block_size=hadamard_block_size, tiling=tiling)
+    kwargs = {"rounding": rounding, "seed": 1, "tiling": tiling}
+    kwargs["hadamard_block_size"] = hadamard_block_size
     if orientation == "both":
-        fn = lambda: quantize_mx_triton_both(x, **kwargs)  # noqa: E731
+        fn = lambda: quantize_mx_triton_both(x, **kwargs)
     else:
-        fn = lambda: quantize_mx_triton(x, axis=-1 if orientation == "rowwise" else 0, **kwargs)  # noqa: E731
+        fn = lambda: quantize_mx_triton(x, axis=-1 if orientation == "rowwise" else 0, **kwargs)
     outputs = fn()
     outputs = outputs if isinstance(outputs, tuple) else (outputs,)
     moved = x.numel() * x.element_size() + sum(out.nbytes for out in outputs)
@@ -67,24 +75,28 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=16384)
     parser.add_argument("--cols", type=int, default=4096)
     parser.add_argument("--hadamard-block-size", type=int, default=32)
+    parser.add_argument("--sweep", action="store_true", help="try every tiling in TILINGS")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_quantize needs a CUDA device")
 
+    tilings = TILINGS if args.sweep else (CUDA_TILING,)
     x = torch.randn(args.rows, args.cols, device="cuda", dtype=torch.bfloat16)
     copy = copy_gb_per_s(x)
     print(f"device-to-device copy: {copy:.0f} GB/s")
-    print(f"{'orientation':<10} {'hadamard':>8} {'rounding':<10} {'tiling':<14} {'ms':>7} {'GB/s':>7} {'of copy':>7}")
+    row = "{:<10} {:>8} {:<10} {:<14} {:>7} {:>7} {:>7}"
+    print(row.format("orientation", "hadamard", "rounding", "tiling", "ms", "GB/s", "of copy"))
     results = []
     for orientation in ORIENTATIONS:
         for hb in (None, args.hadamard_block_size):
             for rounding in ROUNDINGS:
-                timed = [(run_case(x, orientation, hb, rounding, t), t) for t in TILINGS]
+                timed = [(run_case(x, orientation, hb, rounding, t), t) for t in tilings]
                 (ms, gbps), tiling = min(timed, key=lambda r: r[0][0])
                 res = Result(orientation, hb, rounding, asdict(tiling), ms, gbps, gbps / copy)
                 results.append(res)
                 shape = f"{tiling.block_m}x{tiling.block_n}/{tiling.num_warps}w"
-                print(f"{orientation:<10} {hb or '-':>8} {rounding:<10} {shape:<14} {ms:7.3f} {gbps:7.0f} {res.fraction_of_copy:7.2f}")
+                cells = (f"{ms:.3f}", f"{gbps:.0f}", f"{res.fraction_of_copy:.2f}")
+                print(row.format(orientation, hb or "-", rounding, shape, *cells))
 
     nearest = [r.fraction_of_copy for r in results if r.rounding == "nearest"]
     report = {
@@ -92,7 +104,7 @@ def main() -> None:
         "torch": torch.__version__,
         "triton": triton.__version__,
         "python": platform.python_version(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "shape": [args.rows, args.cols],
         "dtype": "bfloat16",
         "copy_gb_per_s": copy,
@@ -102,7 +114,8 @@ def main() -> None:
     }
     with open(args.out, "w") as f:
         json.dump(report, f, indent=2)
-    print(f"worst round-to-nearest fraction of copy bandwidth: {min(nearest):.2f}; wrote {args.out}")
+    print(f"worst round-to-nearest fraction of copy bandwidth: {min(nearest):.2f}")
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The fused Triton quantizer against the reference ``quantize_mx(hadamard_transform(x))``, bit for bit.
+"""The fused Triton quantizer, bit for bit against ``quantize_mx(hadamard_transform(x))``.
 
 Without a GPU the kernels run in Triton's interpreter (``tests/conftest.py`` sets
 ``TRITON_INTERPRET=1``); shapes stay small because the interpreter pays per program.
@@ -11,7 +11,11 @@ import triton.language as tl
 
 from adahop.formats import ELEMENT_FORMATS, SCALE_RULES, MXTensor, philox, quantize_mx
 from adahop.kernels.mx_math import philox_uniform
-from adahop.kernels.quantize import QuantizeTiling, quantize_mx_triton, quantize_mx_triton_both
+from adahop.kernels.quantize import (
+    QuantizeTiling,
+    quantize_mx_triton,
+    quantize_mx_triton_both,
+)
 from adahop.transforms.hadamard import (
     HADAMARD_BLOCK_SIZES,
     hadamard_matrix,
@@ -45,7 +49,8 @@ def assert_same(got: MXTensor, want: MXTensor) -> None:
 def hard_matrix(rows: int, cols: int, dtype=torch.float32) -> torch.Tensor:
     """Random values over 60 binades, with a zero block, subnormals, a NaN and an Inf block."""
     gen = torch.Generator().manual_seed(rows * cols)
-    x = torch.randn(rows, cols, generator=gen) * torch.exp2(torch.randint(-30, 30, (rows, 1), generator=gen))
+    binades = torch.randint(-30, 30, (rows, 1), generator=gen)
+    x = torch.randn(rows, cols, generator=gen) * torch.exp2(binades)
     x[0, :] = 0.0
     x[1, :40] = 1e-39  # float32 subnormals (zero in bfloat16/float16)
     x[2, 5] = float("nan")
@@ -89,7 +94,7 @@ def test_stochastic_rounding_matches_reference_noise(fmt, axis, seed):
 
 def test_stochastic_rounding_is_seeded():
     x = torch.randn(64, 128, device=DEVICE)
-    draw = lambda seed: quantize_mx_triton(x, rounding="stochastic", seed=seed).data  # noqa: E731
+    draw = lambda seed: quantize_mx_triton(x, rounding="stochastic", seed=seed).data
     assert torch.equal(draw(11), draw(11))
     assert not torch.equal(draw(11), draw(12))
 
@@ -101,7 +106,8 @@ def _philox_uniform_kernel(out_ptr, offsets_ptr, seed, N: tl.constexpr):
 
 
 def test_philox_noise_beyond_32_bit_offsets():
-    offsets = torch.tensor([0, 1, 2**31, 2**32 - 1, 2**32, 2**32 + 7, 2**40 + 3, 2**33], device=DEVICE)
+    offsets = [0, 1, 2**31, 2**32 - 1, 2**32, 2**32 + 7, 2**40 + 3, 2**33]
+    offsets = torch.tensor(offsets, device=DEVICE)
     out = torch.empty(len(offsets), device=DEVICE)
     _philox_uniform_kernel[(1,)](out, offsets, 1234, N=len(offsets))
     assert torch.equal(out.cpu(), philox.uniform(1234, offsets.cpu()))
@@ -119,8 +125,9 @@ def test_hadamard_rowwise_bf16(hadamard_block_size, with_signs):
 @pytest.mark.parametrize("rounding", ("nearest", "stochastic"))
 def test_hadamard_columnwise(dtype, rounding):
     x = hard_matrix(256, 48, dtype)
-    kwargs = dict(axis=0, hadamard_block_size=128, signs=random_signs(128, seed=2), rounding=rounding)
-    check(x, seed=9, scale_rule="rceil", **kwargs)
+    signs = random_signs(128, seed=2)
+    check(x, axis=0, hadamard_block_size=128, signs=signs, rounding=rounding, seed=9,
+          scale_rule="rceil")
 
 
 def test_hadamard_with_padding_and_overflow():
@@ -134,10 +141,19 @@ def test_hadamard_with_padding_and_overflow():
 @pytest.mark.parametrize("hadamard_block_size", (None, 32))
 def test_both_orientations_from_one_read(hadamard_block_size):
     x = hard_matrix(96, 64, torch.bfloat16)
-    kwargs = dict(scale_rule="even", rounding="stochastic", seed=4, hadamard_block_size=hadamard_block_size)
+    kwargs = {"scale_rule": "even", "rounding": "stochastic", "seed": 4}
+    kwargs["hadamard_block_size"] = hadamard_block_size
     rowwise, colwise = quantize_mx_triton_both(x.to(DEVICE), **kwargs)
     assert_same(rowwise, reference(x, axis=1, **kwargs))
     assert_same(colwise, reference(x, axis=0, **kwargs))
+
+
+@pytest.mark.parametrize("min_m, min_n", [(1, 32), (1, 256), (128, 1), (128, 128)])
+def test_tiling_fit_holds_whole_blocks_at_the_same_work_per_thread(min_m, min_n):
+    base = QuantizeTiling(block_m=32, block_n=128, num_warps=4)
+    tiling = base.fit(min_m, min_n)
+    assert tiling.block_m >= min_m and tiling.block_n >= min_n
+    assert tiling.block_m * tiling.block_n // tiling.num_warps == 32 * 128 // 4
 
 
 @pytest.mark.parametrize("n", HADAMARD_BLOCK_SIZES)
@@ -153,12 +169,12 @@ def test_butterfly_reference_is_the_orthonormal_rotation(n):
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(fmt="nvfp4"), "choose one of"),
-        (dict(axis=2), "axis must be one of"),
-        (dict(block_size=24), "power-of-two block_size"),
-        (dict(hadamard_block_size=48), "block_size must be one of"),
-        (dict(hadamard_block_size=64), "not a multiple of block_size 64"),
-        (dict(signs=torch.ones(32)), "only used with a hadamard_block_size"),
+        ({"fmt": "nvfp4"}, "choose one of"),
+        ({"axis": 2}, "axis must be one of"),
+        ({"block_size": 24}, "power-of-two block_size"),
+        ({"hadamard_block_size": 48}, "block_size must be one of"),
+        ({"hadamard_block_size": 64}, "not a multiple of block_size 64"),
+        ({"signs": torch.ones(32)}, "only used with a hadamard_block_size"),
     ],
 )
 def test_errors_name_the_valid_choices(kwargs, message):

@@ -95,7 +95,7 @@ def exp2_int(e):
 
 @triton.jit
 def philox_uniform(seed, offsets):
-    """Noise in [0, 1) bit-identical to ``formats.philox.uniform(seed, offsets)`` (int64 offsets)."""
+    """Noise in [0, 1), bit-identical to ``formats.philox.uniform(seed, offsets)`` (int64)."""
     lo = offsets.to(tl.uint32)
     hi = (offsets >> 32).to(tl.uint32)
     zero = lo * 0

@@ -9,10 +9,14 @@ along tokens, for wgrad/dgrad) from a single read.
 
 Hadamard decision: the transform runs as a fixed-order butterfly (``log2(hb)`` add/subtract
 stages on float32, then one multiply by ``1/sqrt(hb)``), and ``hadamard_transform`` is defined
-by the same butterfly. A ``tl.dot`` against ``H`` sums in an order set by the tensor cores, so
-it could only match the reference to an ulp or two and flip a few codes; the butterfly is exact
-and costs a handful of adds per element in a memory-bound kernel.
-See ``benchmarks/bench_quantize.py`` for the measured bandwidth.
+by the same butterfly, so the two agree bit for bit on every device. A ``tl.dot`` against ``H``
+sums in an order set by the tensor cores and could only match to an ulp or two, flipping codes.
+Cost, from the sm_90 SASS of the default tile (32x128, 4 warps, bf16 in, MXFP4 out), in
+instructions per input element: row-wise 23, column-wise 28, both 46; with the H32 butterfly
+46 / 52 / 91; stochastic rounding adds about 60 (one Philox4x32-10 call per element). The
+butterflies' cross-thread stages go through layout conversions. Bandwidth on the H200 is
+measured by ``benchmarks/bench_quantize.py``; the ``tl.dot`` route stays the fallback if the
+butterfly misses the bandwidth target.
 
 The tensor is processed in ``[block_m, block_n]`` tiles; a tile's block axis holds whole MX
 blocks and whole Hadamard blocks. Runs on CUDA, or on CPU tensors under ``TRITON_INTERPRET=1``.
@@ -45,18 +49,33 @@ from .mx_math import (
     walsh_hadamard_butterfly,
 )
 
+MAX_WARPS = 32  # 1024 threads, the most a CUDA block can hold
+
 
 @dataclass(frozen=True)
 class QuantizeTiling:
     """Tile shape and warps of one program; both tile sides are powers of two."""
 
-    block_m: int = 64
+    block_m: int = 32
     block_n: int = 128
     num_warps: int = 4
+
+    def fit(self, min_m: int, min_n: int) -> QuantizeTiling:
+        """This tiling grown to at least ``min_m x min_n`` (whole MX and Hadamard blocks).
+
+        The other side shrinks to keep the elements per thread (and so the registers) of the
+        configured tile; warps are added only when both sides must grow.
+        """
+        area = self.block_m * self.block_n
+        block_m = max(min_m, area // max(self.block_n, min_n))
+        block_n = max(min_n, area // block_m)
+        num_warps = min(self.num_warps * block_m * block_n // area, MAX_WARPS)
+        return QuantizeTiling(block_m, block_n, num_warps)
 
 
 # The interpreter pays milliseconds per program: give each one a large tile.
 INTERPRETER_TILING = QuantizeTiling(block_m=128, block_n=256, num_warps=1)
+# Chosen from static instruction counts and register use on sm_90 (see bench_quantize.py).
 CUDA_TILING = QuantizeTiling()
 
 
@@ -65,9 +84,10 @@ def _quantize_tile(
     v, row_start, col_start, n_rows, length, padded_len,
     data_ptr, scale_ptr, signs_ptr, seed, hadamard_scale,
     ROUND_TO: tl.constexpr, NATIVE_CASTS: tl.constexpr, HADAMARD: tl.constexpr,
-    HADAMARD_STAGES: tl.constexpr, HAS_SIGNS: tl.constexpr, BLOCK_SIZE: tl.constexpr, RULE: tl.constexpr,
-    STOCHASTIC: tl.constexpr, EMAX: tl.constexpr, EMIN: tl.constexpr, MBITS: tl.constexpr,
-    MAX_NORMAL: tl.constexpr, MAX_CODE: tl.constexpr, ELEMENT_BITS: tl.constexpr,
+    HADAMARD_STAGES: tl.constexpr, HAS_SIGNS: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    RULE: tl.constexpr, STOCHASTIC: tl.constexpr, EMAX: tl.constexpr, EMIN: tl.constexpr,
+    MBITS: tl.constexpr, MAX_NORMAL: tl.constexpr, MAX_CODE: tl.constexpr,
+    ELEMENT_BITS: tl.constexpr,
 ):
     """Quantize float32 tile ``v`` [R, C] with blocks along its last axis and store it.
 
@@ -150,15 +170,17 @@ def _quantize_mx_kernel(
 
     if ROWWISE:
         _quantize_tile(
-            x, row_start, col_start, M, N, n_padded, row_data_ptr, row_scale_ptr, signs_ptr,
-            seed, hadamard_scale, ROUND_TO, NATIVE_CASTS, HADAMARD, HADAMARD_STAGES, HAS_SIGNS, BLOCK_SIZE,
-            RULE, STOCHASTIC, EMAX, EMIN, MBITS, MAX_NORMAL, MAX_CODE, ELEMENT_BITS,
+            x, row_start, col_start, M, N, n_padded, row_data_ptr, row_scale_ptr,
+            signs_ptr, seed, hadamard_scale, ROUND_TO, NATIVE_CASTS, HADAMARD,
+            HADAMARD_STAGES, HAS_SIGNS, BLOCK_SIZE, RULE, STOCHASTIC, EMAX, EMIN, MBITS,
+            MAX_NORMAL, MAX_CODE, ELEMENT_BITS,
         )
-    if COLWISE:
+    if COLWISE:  # the transposed tile: blocks along dim 0, stored block-axis-last
         _quantize_tile(
             tl.trans(x), col_start, row_start, N, M, m_padded, col_data_ptr, col_scale_ptr,
-            signs_ptr, seed, hadamard_scale, ROUND_TO, NATIVE_CASTS, HADAMARD, HADAMARD_STAGES, HAS_SIGNS,
-            BLOCK_SIZE, RULE, STOCHASTIC, EMAX, EMIN, MBITS, MAX_NORMAL, MAX_CODE, ELEMENT_BITS,
+            signs_ptr, seed, hadamard_scale, ROUND_TO, NATIVE_CASTS, HADAMARD,
+            HADAMARD_STAGES, HAS_SIGNS, BLOCK_SIZE, RULE, STOCHASTIC, EMAX, EMIN, MBITS,
+            MAX_NORMAL, MAX_CODE, ELEMENT_BITS,
         )
 
 
@@ -207,22 +229,21 @@ def _quantize(
         tiling = CUDA_TILING if x.is_cuda else INTERPRETER_TILING
 
     efmt = ELEMENT_FORMATS[fmt]
-    # Each tile's block axis must hold whole MX blocks and whole Hadamard blocks.
-    block_m = max(tiling.block_m, block_size, hb) if colwise else tiling.block_m
-    block_n = max(tiling.block_n, block_size, hb) if rowwise else tiling.block_n
+    whole_blocks = max(block_size, hb)  # a tile's block axis holds whole MX and Hadamard blocks
+    tiling = tiling.fit(whole_blocks if colwise else 1, whole_blocks if rowwise else 1)
     row = _allocate(M, N, efmt, block_size, x.device) if rowwise else (None, None)
     col = _allocate(N, M, efmt, block_size, x.device) if colwise else (None, None)
-    signs_arg = signs.to(device=x.device, dtype=torch.float32).contiguous() if signs is not None else x
+    signs_arg = x if signs is None else signs.to(device=x.device, dtype=torch.float32).contiguous()
     x_arg = x.view(torch.int16) if x.dtype == torch.bfloat16 else x
     round_to = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(x.dtype, "")
 
-    grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n))
+    grid = (triton.cdiv(M, tiling.block_m), triton.cdiv(N, tiling.block_n))
     _quantize_mx_kernel[grid](
         x_arg, signs_arg, row[0], row[1], col[0], col[1],
         M, N, x.stride(0), x.stride(1),
         -(-M // block_size) * block_size, -(-N // block_size) * block_size,
         0 if seed is None else seed, 1 / math.sqrt(hb) if hb else 1.0,
-        ROWWISE=rowwise, COLWISE=colwise, BLOCK_M=block_m, BLOCK_N=block_n,
+        ROWWISE=rowwise, COLWISE=colwise, BLOCK_M=tiling.block_m, BLOCK_N=tiling.block_n,
         INPUT_BF16=x.dtype == torch.bfloat16, ROUND_TO=round_to, NATIVE_CASTS=x.is_cuda,
         HADAMARD=hb, HADAMARD_STAGES=max(hb.bit_length() - 1, 0), HAS_SIGNS=signs is not None,
         BLOCK_SIZE=block_size, RULE=scale_rule, STOCHASTIC=rounding == "stochastic",
@@ -279,7 +300,7 @@ def quantize_mx_triton_both(
     signs: torch.Tensor | None = None,
     tiling: QuantizeTiling | None = None,
 ) -> tuple[MXTensor, MXTensor]:
-    """``(quantize_mx_triton(x, axis=1, ...), quantize_mx_triton(x, axis=0, ...))`` from one read."""
+    """``(quantize_mx_triton(x, axis=1, ...), quantize_mx_triton(x, axis=0, ...))``, one read."""
     return _quantize(
         x, fmt, rowwise=True, colwise=True, block_size=block_size, scale_rule=scale_rule,
         rounding=rounding, seed=seed, hadamard_block_size=hadamard_block_size, signs=signs,

@@ -45,7 +45,7 @@ def _check_signs(signs: torch.Tensor, block_size: int) -> None:
 
 
 def check_hadamard_args(length: int, block_size: int, signs: torch.Tensor | None = None) -> None:
-    """Raise a clear error unless ``block_size`` blocks (and ``signs``) fit an axis of ``length``."""
+    """Raise a clear error unless blocks of ``block_size`` (and ``signs``) tile ``length``."""
     if block_size not in HADAMARD_BLOCK_SIZES:
         raise ValueError(f"block_size must be one of {HADAMARD_BLOCK_SIZES}, got {block_size}")
     if length % block_size:
