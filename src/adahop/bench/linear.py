@@ -25,7 +25,7 @@ FIXED_PLANS = {
     "mxfp4": LayerPlan.uniform(Strategy.MXFP4),
     "iht": LayerPlan.uniform(Strategy.IHT),
     "oe_left+iht": LayerPlan(Strategy.OE_LEFT, Strategy.OE_LEFT, Strategy.IHT),
-    "oe_right+iht": LayerPlan(Strategy.OE_RIGHT, Strategy.OE_RIGHT, Strategy.OE_RIGHT),
+    "oe_right": LayerPlan(Strategy.OE_RIGHT, Strategy.OE_RIGHT, Strategy.OE_RIGHT),
 }
 CALIBRATION_STEPS = 20
 
