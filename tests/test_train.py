@@ -44,15 +44,10 @@ def corpus(tmp_path_factory) -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
-def cache_dir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("cache")
-
-
-@pytest.fixture
-def small_overrides(corpus, cache_dir, monkeypatch):
-    """``small_overrides(out, **extra)``: (key, value) pairs of a seconds-long run in ``out``."""
-    monkeypatch.setenv("ADAHOP_CACHE", str(cache_dir))  # tokenizer and tokens cached per session
+@pytest.fixture(scope="module")
+def small_overrides(corpus, tmp_path_factory):
+    """``small_overrides(out, **extra)``: (key, value) pairs of a seconds-long run in ``out``;
+    ``extra`` keys spell dots as ``__`` (``optim__lr=0.1``)."""
 
     def make(out: Path, **extra) -> list[tuple[str, str]]:
         pairs = {f"model.overrides.{k}": v for k, v in SMALL_MODEL.items()}
@@ -65,7 +60,9 @@ def small_overrides(corpus, cache_dir, monkeypatch):
         pairs |= {k.replace("__", "."): v for k, v in extra.items()}
         return [(k, str(v)) for k, v in pairs.items()]
 
-    return make
+    with pytest.MonkeyPatch.context() as patch:  # tokenizer and tokens cached per test module
+        patch.setenv("ADAHOP_CACHE", str(tmp_path_factory.mktemp("cache")))
+        yield make
 
 
 def as_argv(pairs: list[tuple[str, str]]) -> list[str]:

@@ -6,10 +6,10 @@ A checkpoint is one ``torch.save`` file, ``<run_dir>/checkpoints/step_XXXXXXX.pt
 |-------------|---------------------------------------------------------------------------|
 | `format`    | `CHECKPOINT_FORMAT`                                                       |
 | `step`      | optimizer steps taken                                                     |
-| `model`     | `model.state_dict()`: with each AdaHOP layer's frozen plan, calibration votes and stochastic-rounding step counter (its `_extra_state`) |
+| `model`     | `model.state_dict()`, with each AdaHOP layer's frozen plan and calibration votes (its `_extra_state`) |
 | `optimizer`, `scheduler` | their `state_dict()`s                                       |
 | `data`      | the training loader's position                                            |
-| `rng`       | torch CPU/CUDA, Python and NumPy generator states                         |
+| `rng`       | torch CPU/CUDA (stochastic-rounding seeds come from these), Python and NumPy generator states |
 | `config`    | the run's resolved `TrainConfig.to_dict()`                                |
 
 It is written to a temporary file in the same directory, flushed to disk and then renamed over

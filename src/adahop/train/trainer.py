@@ -6,8 +6,8 @@ high precision) and then freezes its plan. The trainer only notices the freeze, 
 table and saves ``plan.json``.
 
 Everything a step depends on (weights, optimizer and schedule, data position, each layer's
-plan and stochastic-rounding counter, random generators) is in the checkpoint, so on CPU a
-resumed run reproduces the uninterrupted one bit for bit.
+plan and votes, the random generators that seed stochastic rounding) is in the checkpoint, so
+on CPU a resumed run reproduces the uninterrupted one bit for bit.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ PLAN_FILE = "plan.json"
 
 
 class NonFiniteLossError(RuntimeError):
-    """The loss became NaN or infinite; the update was not applied and nothing was saved."""
+    """The loss or the gradient norm became NaN or infinite; that update was not applied."""
 
 
 @dataclass
@@ -138,15 +138,15 @@ class Trainer:
             (loss / accum).backward()
             loss_sum += loss.detach()
         loss = (loss_sum / accum).item()
-        if not math.isfinite(loss):
-            latest = latest_checkpoint(self.run_dir)
-            raise NonFiniteLossError(
-                f"loss is {loss} at step {self.step + 1} with recipe {self.cfg.recipe.name!r} "
-                f"(lr {self.scheduler.get_last_lr()[0]:.3g}); stopped before applying the update. "
-                f"Last good checkpoint: {latest or 'none written yet'}"
-            )
         max_norm = self.cfg.optim.grad_clip or math.inf  # inf: measure the norm, clip nothing
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm).item()
+        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+            what = f"loss is {loss}" if not math.isfinite(loss) else f"gradient norm is {grad_norm}"
+            raise NonFiniteLossError(
+                f"{what} at step {self.step + 1} with recipe {self.cfg.recipe.name!r} "
+                f"(lr {self.scheduler.get_last_lr()[0]:.3g}); stopped before applying the update. "
+                f"Last good checkpoint: {latest_checkpoint(self.run_dir) or 'none written yet'}"
+            )
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)

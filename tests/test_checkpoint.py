@@ -1,0 +1,158 @@
+"""Checkpoints: exact resume, atomic writes, and clear errors for corrupt or foreign files."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from adahop.nn import adahop_layers
+from adahop.train import (
+    CheckpointError,
+    Trainer,
+    build_model_from_config,
+    latest_checkpoint,
+    load_checkpoint,
+    load_config,
+    read_metrics,
+)
+from adahop.train import checkpoint as ckpt
+from adahop.train import trainer as trainer_module
+
+# Fixtures shared with the trainer tests: a small corpus, a per-session cache, a small run.
+from test_train import corpus, small_overrides  # noqa: F401
+
+STEPS = 8
+CALIBRATION_STEPS = 3
+
+
+class Interrupted(Exception):
+    """Stands in for a crash or preemption right after a checkpoint was written."""
+
+
+def exact_run_overrides(small_overrides, out, **extra):
+    """8 steps of adahop_lv2, 2 micro-batches each; layers freeze during step 2 (3 forwards of
+    calibration) and then round dY stochastically."""
+    run = {
+        "recipe": "adahop_lv2", "training__steps": STEPS, "training__grad_accum": 2,
+        "recipe__calibration_steps": CALIBRATION_STEPS, "logging__val_every": 4,
+    }
+    return small_overrides(out, **(run | extra))
+
+
+@pytest.fixture(scope="module")
+def straight_run(small_overrides, tmp_path_factory):
+    cfg = load_config(None, exact_run_overrides(small_overrides, tmp_path_factory.mktemp("straight")))
+    trainer = Trainer(cfg, progress=False)
+    trainer.train()
+    return trainer
+
+
+def assert_same_state(a: dict, b: dict, where: str) -> None:
+    assert a.keys() == b.keys(), where
+    for key in a:
+        if isinstance(a[key], torch.Tensor):
+            assert torch.equal(a[key], b[key]), f"{where}: {key}"
+        elif isinstance(a[key], dict):
+            assert_same_state(a[key], b[key], f"{where}.{key}")
+        else:
+            assert a[key] == b[key], f"{where}: {key}"
+
+
+# Resume at step 1 while calibrating (votes in the checkpoint) and at step 4, after the freeze
+# (plan in the checkpoint; stochastic rounding draws its seeds from torch's restored generator).
+@pytest.mark.parametrize("stop_after", [1, 4])
+def test_resume_is_bit_exact(stop_after, straight_run, small_overrides, tmp_path, monkeypatch):
+    out = tmp_path / "resumed"
+    cfg = load_config(None, exact_run_overrides(small_overrides, out, checkpoint__interval=stop_after))
+
+    def save_then_crash(path, state):
+        ckpt.save_checkpoint(path, state)
+        if state["step"] == stop_after:
+            raise Interrupted
+
+    with monkeypatch.context() as patch, pytest.raises(Interrupted):
+        patch.setattr(trainer_module, "save_checkpoint", save_then_crash)
+        Trainer(cfg, progress=False).train()
+    resumed = Trainer(cfg, resume=True, progress=False)
+    assert resumed.step == stop_after
+    resumed.train()
+
+    def losses(run):
+        return [(r["kind"], r["step"], r["loss"]) for r in read_metrics(run)]
+
+    assert losses(out) == losses(straight_run.run_dir)  # every train and validation loss, exactly
+    layers = adahop_layers(resumed.model).values()
+    assert not any(layer.calibrating for layer in layers)
+    assert_same_state(resumed.model.state_dict(), straight_run.model.state_dict(), "model")
+    assert_same_state(resumed.optimizer.state_dict(), straight_run.optimizer.state_dict(), "optimizer")
+
+
+def test_failed_write_keeps_the_previous_checkpoint(straight_run, monkeypatch):
+    run = straight_run.run_dir
+    latest = latest_checkpoint(run)
+    before = latest.read_bytes()
+
+    def torch_save_dies_midway(obj, f, *args, **kwargs):
+        f.write(before[: len(before) // 3])
+        raise OSError("No space left on device")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(torch, "save", torch_save_dies_midway)
+        with pytest.raises(OSError, match="No space left"):
+            straight_run.save()  # the same step: it would replace `latest`
+        with pytest.raises(OSError, match="No space left"):
+            ckpt.save_checkpoint(ckpt.checkpoint_path(run, STEPS + 1), {"step": STEPS + 1})
+
+    assert latest_checkpoint(run) == latest and latest.read_bytes() == before
+    assert sorted(p.name for p in latest.parent.iterdir()) == ["step_0000006.pt", "step_0000008.pt"]  # no temp files
+    model = build_model_from_config(straight_run.cfg)
+    assert load_checkpoint(run, model)["step"] == STEPS
+
+
+@pytest.mark.parametrize(
+    "damage, expected",
+    [
+        (lambda data: data[: len(data) // 2], "corrupt or truncated"),
+        (lambda data: b"\x00garbage" * 100, "corrupt or truncated"),
+        (lambda data: b"", "corrupt or truncated"),
+    ],
+)
+def test_corrupt_checkpoint_is_named(damage, expected, straight_run, tmp_path):
+    path = tmp_path / "step_0000008.pt"
+    path.write_bytes(damage(latest_checkpoint(straight_run.run_dir).read_bytes()))
+    with pytest.raises(CheckpointError, match=f"{path}: .*{expected}"):
+        load_checkpoint(path, build_model_from_config(straight_run.cfg))
+
+
+def test_foreign_file_is_not_a_checkpoint(straight_run, tmp_path):
+    model = build_model_from_config(straight_run.cfg)
+    path = tmp_path / "weights.pt"
+    torch.save(model.state_dict(), path)  # a bare state_dict, not a training checkpoint
+    with pytest.raises(CheckpointError, match=f"{path}: not an adahop checkpoint \\(missing format, step"):
+        load_checkpoint(path, model)
+    with pytest.raises(CheckpointError, match="no checkpoints in"):
+        load_checkpoint(tmp_path, model)
+
+
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        ({"recipe": "bf16"}, r"different recipe \(name: checkpoint 'adahop_lv2' vs config 'bf16'"),
+        ({"model__overrides__n_layers": 3}, r"different model \(overrides: checkpoint .*'n_layers': 2.* vs config .*'n_layers': 3"),
+    ],
+)
+def test_resuming_with_another_model_or_recipe_is_refused(change, expected, straight_run, small_overrides, tmp_path):
+    run = tmp_path / "copy"
+    shutil.copytree(straight_run.run_dir, run)
+    cfg = load_config(None, exact_run_overrides(small_overrides, run, **change))
+    with pytest.raises(CheckpointError, match=f"{latest_checkpoint(run)}: written for a {expected}"):
+        Trainer(cfg, resume=True, progress=False)
+
+
+def test_checkpoint_that_does_not_fit_the_model_is_named(straight_run, small_overrides, tmp_path):
+    cfg = load_config(None, exact_run_overrides(small_overrides, tmp_path, model__overrides__dim=32))
+    path = latest_checkpoint(straight_run.run_dir)
+    with pytest.raises(CheckpointError, match=f"{path}: its model state does not fit this run"):
+        load_checkpoint(path, build_model_from_config(cfg))
