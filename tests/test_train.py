@@ -120,6 +120,20 @@ def test_bad_values_name_the_key_and_the_choices(pairs, expected):
         load_config(None, pairs)
 
 
+CONFIGS = Path(__file__).parents[1] / "configs"
+
+
+def test_tiny_cpu_config_spells_out_the_defaults():
+    default = TrainConfig()
+    default.training.device = "cpu"
+    assert load_config(CONFIGS / "tiny_cpu.toml").to_dict() == default.to_dict()
+
+
+def test_h200_config_is_valid():
+    cfg = load_config(CONFIGS / "llama3_1b_h200.toml")  # validates
+    assert (cfg.model.preset, cfg.training.device, cfg.recipe.name) == ("llama3_1b", "cuda", "adahop_lv2")
+
+
 def test_bad_config_file_is_named(tmp_path):
     path = tmp_path / "bad.toml"
     path.write_text("[optim]\nlearning_rate = 1\n")
