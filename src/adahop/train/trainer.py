@@ -69,6 +69,12 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, *, resume: bool = False, progress: bool = True) -> None:
         cfg.validate()
         self.cfg, self.run_dir, self.progress = cfg, cfg.run_dir, progress
+        latest = latest_checkpoint(self.run_dir)
+        if latest is not None and not resume:  # checked before the slow setup
+            raise ConfigError(
+                f"{self.run_dir} already holds checkpoints (latest: {latest.name}); "
+                "pass --resume to continue that run, or --out DIR to start a new one"
+            )
         self.device = resolve_device(cfg.training.device)
         seed_everything(cfg.training.seed)
         self.data = build_data(cfg, progress)
@@ -79,28 +85,21 @@ class Trainer:
         self.tokens_per_step = cfg.data.batch_size * cfg.data.seq_len * cfg.training.grad_accum
         self.step = 0
         self._plan_saved = False
-        self._open_run_dir(resume)
-
-    # ---- run directory ------------------------------------------------------------------------
-    def _open_run_dir(self, resume: bool) -> None:
-        latest = latest_checkpoint(self.run_dir)
-        if latest is not None and not resume:
-            raise ConfigError(
-                f"{self.run_dir} already holds checkpoints (latest: {latest.name}); "
-                "pass --resume to continue that run, or --out DIR to start a new one"
-            )
-        self.run_dir.mkdir(parents=True, exist_ok=True)
         if latest is not None:
-            state = load_checkpoint(
-                latest, self.model, self.optimizer, self.scheduler, self.data.train,
-                config=self.cfg.to_dict(),
-            )
-            set_rng_state(state["rng"])
-            self.step = state["step"]
-            log.info("resumed from %s at step %d", latest, self.step)
+            self._resume_from(latest)
         elif resume:
             log.info("no checkpoint in %s: starting from step 0", self.run_dir)
-        (self.run_dir / CONFIG_FILE).write_text(self.cfg.to_toml())
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / CONFIG_FILE).write_text(cfg.to_toml())
+
+    # ---- checkpoints --------------------------------------------------------------------------
+    def _resume_from(self, path: Path) -> None:
+        state = load_checkpoint(
+            path, self.model, self.optimizer, self.scheduler, self.data.train, config=self.cfg.to_dict()
+        )
+        set_rng_state(state["rng"])
+        self.step = state["step"]
+        log.info("resumed from %s at step %d", path, self.step)
 
     def save(self) -> Path:
         state = training_state(
@@ -110,6 +109,7 @@ class Trainer:
         prune_checkpoints(self.run_dir, self.cfg.checkpoint.keep_last)
         return path
 
+    # ---- calibration --------------------------------------------------------------------------
     @property
     def phase(self) -> str:
         return "calibrating" if any(layer.calibrating for layer in self.layers) else "frozen"
