@@ -12,7 +12,7 @@ COMMANDS = {
     "train": ("adahop.train.cli", "pretrain a Llama-style model with a recipe"),
     "compare": ("adahop.analysis.compare", "plot and tabulate loss curves of several runs"),
     "analyze": ("adahop.analysis.analyze", "per-layer outlier report, heatmaps and strategies"),
-    "bench": ("adahop.benchmarks", "GPU benchmarks: GEMM routes, quantization, AdaHOPLinear"),
+    "bench": ("adahop.bench", "GPU benchmarks: GEMM routes, quantization, AdaHOPLinear"),
 }
 
 

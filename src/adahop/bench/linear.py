@@ -49,10 +49,13 @@ def calibrated_mlp_plans(steps: int = CALIBRATION_STEPS + 2) -> dict[str, LayerP
         opt.zero_grad(set_to_none=True)
     plans = model_plan(model)
     kinds = {"w1/w3": ("w1", "w3"), "w2": ("w2",)}
-    return {
-        kind: Counter(p for name, p in plans.items() if name.rsplit(".", 1)[-1] in leaves).most_common(1)[0][0]
-        for kind, leaves in kinds.items()
-    }
+    chosen = {}
+    for kind, leaves in kinds.items():
+        counts = Counter(
+            tuple(p.strategies().values()) for name, p in plans.items() if name.rsplit(".", 1)[-1] in leaves
+        )
+        chosen[kind] = LayerPlan(*counts.most_common(1)[0][0])
+    return chosen
 
 
 def saved_activation_bytes(module: nn.Module, x: torch.Tensor) -> int:
