@@ -60,7 +60,7 @@ class ModelConfig:
 class DataConfig:
     source: str = EMBEDDED_SOURCE  # a --data value: "stdlib", a file/dir/glob, or hf:NAME[:CONFIG]
     seq_len: int = 128
-    batch_size: int = 8
+    batch_size: int = 4
     vocab_size: int = 8192  # of the BPE tokenizer and the model's embedding
     val_fraction: float = 0.02
 
@@ -77,7 +77,7 @@ class OptimConfig:
 
 @dataclass
 class TrainingConfig:
-    steps: int = 100
+    steps: int = 120
     grad_accum: int = 1  # micro-batches per optimizer step
     seed: int = 0  # model initialisation and data order
     device: str = "auto"  # "auto": CUDA when available
@@ -86,14 +86,14 @@ class TrainingConfig:
 
 @dataclass
 class CheckpointConfig:
-    interval: int = 50  # steps between checkpoints (the last step is always saved)
+    interval: int = 60  # steps between checkpoints (the last step is always saved)
     keep_last: int = 2
 
 
 @dataclass
 class LoggingConfig:
     log_every: int = 5
-    val_every: int = 25  # validation also runs after the last step
+    val_every: int = 30  # validation also runs after the last step
     val_batches: int = 8
 
 
