@@ -87,6 +87,9 @@ def plot_losses(records: list[dict[str, Any]], path: str | Path, title: str = ""
         points = [(r["step"], r["loss"]) for r in records if r["kind"] == kind]
         if points:
             ax.plot(*zip(*points), style, label=kind, markersize=4)
+    calibrated = [r["step"] for r in records if r["kind"] == "train" and r.get("phase") == "calibrating"]
+    if calibrated:
+        ax.axvline(max(calibrated), color="gray", linestyle="--", linewidth=1, label="end of calibration")
     ax.set(xlabel="step", ylabel="loss", title=title)
     ax.grid(alpha=0.3)
     ax.legend()
