@@ -178,9 +178,55 @@ def test_stochastic_rounding_values_straddle_the_grid():
     assert abs(draws.double().mean().item() - 2.4) < 0.1
 
 
+def numpy_philox4x32_10(key: int, counters: np.ndarray) -> np.ndarray:
+    """Philox4x32-10 for 128-bit counters ``[n, 4]`` (uint32), from the Random123 definition."""
+    mask = np.uint64(0xFFFFFFFF)
+    c = [counters[:, i].astype(np.uint64) for i in range(4)]
+    k0, k1 = np.uint64(key & 0xFFFFFFFF), np.uint64(key >> 32)
+    for _ in range(10):
+        prod_a = np.uint64(0xD2511F53) * c[0]  # < 2**64: exact in uint64
+        prod_b = np.uint64(0xCD9E8D57) * c[2]
+        c = [(prod_b >> np.uint64(32)) ^ c[1] ^ k0, prod_b & mask,
+             (prod_a >> np.uint64(32)) ^ c[3] ^ k1, prod_a & mask]
+        k0, k1 = (k0 + np.uint64(0x9E3779B9)) & mask, (k1 + np.uint64(0xBB67AE85)) & mask
+    return np.stack(c, axis=-1)
+
+
 def test_philox_matches_published_known_answer():
-    # Philox4x32-10 known-answer test (Random123 kat_vectors): counter 0, key 0 -> first word 0x6627e8d5.
-    assert philox.philox_bits(0, torch.tensor([0])).item() == 0x6627E8D5
+    # Random123 kat_vectors, philox4x32-10: counter 0, key 0.
+    words = philox.philox4x32(0, torch.tensor([0]))[0].tolist()
+    assert words == [0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8]
+
+
+@pytest.mark.parametrize("seed", [0, 7, 2**40 + 3, 2**64 - 1])
+def test_uniform_uses_all_four_philox_words_in_order(seed):
+    offsets = torch.tensor([0, 1, 2, 3, 4, 5, 2**32 + 1, 2**34 - 1, 2**40 + 6, 2**62 + 3])
+    counters = (offsets // 4).numpy().astype(np.uint64)
+    ctr = np.zeros((len(counters), 4), dtype=np.uint64)
+    ctr[:, 0], ctr[:, 1] = counters & np.uint64(0xFFFFFFFF), counters >> np.uint64(32)
+    words = numpy_philox4x32_10(seed, ctr)[np.arange(len(counters)), (offsets % 4).numpy()]
+    want = (words >> np.uint64(8)).astype(np.float64) / 2**24
+    assert np.array_equal(philox.uniform(seed, offsets).numpy().astype(np.float64), want)
+
+
+def test_uniform_noise_statistics():
+    """Mean, variance and neighbour correlations of 2**20 draws within 5 standard errors."""
+    n = 1 << 20
+    u = philox.uniform(12345, torch.arange(n)).double()
+    assert torch.equal(u * 2**24, torch.floor(u * 2**24)) and 0 <= u.min() and u.max() < 1
+    assert abs(u.mean().item() - 0.5) < 5 * math.sqrt(1 / 12 / n)
+    assert abs(u.var().item() - 1 / 12) < 5 * math.sqrt((1 / 80 - 1 / 144) / n)
+    c = u - 0.5
+    words = c.view(-1, 4)
+    pairs = {
+        "lag 1": (c[:-1], c[1:]),
+        "same call": (words[:, 0], words[:, 1]),  # words of one Philox call
+        "next call": (words[:-1, 3], words[1:, 0]),
+        "next seed": (c, philox.uniform(12346, torch.arange(n)).double() - 0.5),
+    }
+    for name, (a, b) in pairs.items():
+        corr = (a * b).mean() / (a.std() * b.std())
+        assert abs(corr.item()) < 5 / math.sqrt(len(a)), name
 
 
 @pytest.mark.parametrize(

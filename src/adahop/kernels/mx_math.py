@@ -94,45 +94,74 @@ def exp2_int(e):
 
 
 @triton.jit
-def philox_uniform(seed, offsets):
-    """Noise in [0, 1), bit-identical to ``formats.philox.uniform(seed, offsets)`` (int64)."""
-    lo = offsets.to(tl.uint32)
-    hi = (offsets >> 32).to(tl.uint32)
-    zero = lo * 0
-    bits, _, _, _ = tl.philox(seed, lo, hi, zero, zero)
+def uniform_from_bits(bits):
+    """[0, 1) noise from 32-bit random words: the top 24 bits, exactly as ``formats.philox``."""
     return (bits >> UNIFORM_SHIFT).to(tl.float32) * UNIFORM_STEP
 
 
 @triton.jit
-def encode_elements(scaled, noise, STOCHASTIC: tl.constexpr, MBITS: tl.constexpr,
-                    EMIN: tl.constexpr, MAX_CODE: tl.constexpr, SIGN_SHIFT: tl.constexpr):
-    """Element codes (uint8) of finite float32 values already divided by their block scale.
+def philox_uniform(seed, offsets):
+    """Noise at int64 ``offsets``, bit-identical to ``formats.philox.uniform(seed, offsets)``.
 
-    Rounds ``|v| / quantum`` to an integer number of steps (nearest-even, or ``floor(steps +
-    noise)``) exactly as ``formats.elements.round_to_element``, then reads the code off directly:
-    ``((e - emin) << mbits) + steps``, where a carry out of the mantissa moves into the exponent
-    and saturation is a clamp at the code of ``max_normal``. Works on exponent bits so that
-    ``e``, ``1 / quantum`` and the code's exponent field cost a few integer operations.
+    One Philox call per element (word ``offset % 4`` of counter ``offset // 4``); for runs of
+    four offsets that share a call, ``philox_uniform_runs`` is four times cheaper.
     """
-    bits = scaled.to(tl.uint32, bitcast=True)
-    # Biased exponent field of the binade whose grid spacing applies (subnormals share emin's).
-    binade = tl.maximum(bits & F32_EXP_MASK, (EMIN + F32_BIAS) << F32_MBITS)
-    inv_quantum_exp = tl.full(binade.shape, (MBITS + 2 * F32_BIAS) << F32_MBITS, tl.uint32)
-    inv_quantum = (inv_quantum_exp - binade).to(tl.float32, bitcast=True)  # 2**(mbits - e)
-    steps = tl.abs(scaled) * inv_quantum  # a power-of-two multiple: exact
-    if STOCHASTIC:
-        steps = (steps + noise).to(tl.uint32)  # truncation is floor here
-    else:
-        steps = (steps + RNE_MAGIC).to(tl.uint32, bitcast=True) - RNE_MAGIC_BITS
-    code = (binade >> (F32_MBITS - MBITS)) - ((EMIN + F32_BIAS) << MBITS) + steps
-    sign = (bits >> (31 - SIGN_SHIFT)) & (1 << SIGN_SHIFT)
-    return (tl.minimum(code, MAX_CODE) | sign).to(tl.uint8)
+    counters = offsets >> 2
+    zero = counters.to(tl.uint32) * 0
+    w0, w1, w2, w3 = tl.philox(seed, counters.to(tl.uint32), (counters >> 32).to(tl.uint32), zero, zero)
+    word = offsets & 3
+    bits = tl.where(word < 2, tl.where(word == 0, w0, w1), tl.where(word == 2, w2, w3))
+    return uniform_from_bits(bits)
 
 
 @triton.jit
-def pack_nibbles(codes):
-    """Pack 4-bit codes along the last axis two per byte, the even element in the low nibble."""
+def philox_uniform_runs(seed, counters):
+    """Noise ``[R, 4 * G]`` for the offsets ``4 * counters + (0, 1, 2, 3)`` of int64 ``counters [R, G]``.
+
+    Each Philox call's four words go to four neighbouring elements, in order.
+    """
+    R: tl.constexpr = counters.shape[0]
+    G: tl.constexpr = counters.shape[1]
+    zero = counters.to(tl.uint32) * 0
+    w0, w1, w2, w3 = tl.philox(seed, counters.to(tl.uint32), (counters >> 32).to(tl.uint32), zero, zero)
+    words = tl.join(tl.join(w0, w2), tl.join(w1, w3))  # [R, G, 2, 2] = w0 w1 w2 w3 row-major
+    return uniform_from_bits(tl.reshape(words, [R, 4 * G]))
+
+
+@triton.jit
+def encode_elements(y, noise, limit, sign_weight, STOCHASTIC: tl.constexpr, MBITS: tl.constexpr,
+                    EMIN: tl.constexpr):
+    """Element codes (uint32) of finite float32 ``y`` already divided by the block scale.
+
+    Rounds ``|y| / quantum`` to an integer number of steps (nearest-even, or ``floor(steps +
+    noise)``) exactly as ``formats.elements.round_to_element`` and reads the code off directly:
+    ``((e - emin) << mbits) + steps``, where a carry out of the mantissa moves into the exponent.
+    The magnitude saturates at ``limit`` (the code of ``max_normal``; 0 zeroes a NaN/Inf block)
+    and the sign bit adds ``sign_weight``. Written with shifts, adds and multiplies, which the
+    GPU runs on its multiply-add pipe, rather than masks and selects, which share the integer
+    logic pipe that bounds this kernel.
+    """
+    bits = y.to(tl.uint32, bitcast=True)
+    # Biased exponent of the binade whose grid spacing applies (subnormals share emin's).
+    binade = tl.maximum((bits << 1) >> (F32_MBITS + 1), EMIN + F32_BIAS)
+    # (a constexpr on the left of a tensor stays a constexpr in the interpreter)
+    top = tl.full(binade.shape, MBITS + 2 * F32_BIAS, tl.uint32)
+    inv_quantum = ((top - binade) << F32_MBITS).to(tl.float32, bitcast=True)  # 2**(mbits - e)
+    first_code = (binade - (EMIN + F32_BIAS)) << MBITS  # the code of 2**e
+    if STOCHASTIC:
+        # |y| * inv_quantum is exact, so the fused multiply-add rounds only the sum, as torch does.
+        code = (tl.abs(y) * inv_quantum + noise).to(tl.uint32) + first_code  # truncation is floor
+    else:
+        # Adding 1.5 * 2**23 plus the even first_code rounds the steps to an integer, ties to even.
+        magic = (first_code + RNE_MAGIC_BITS).to(tl.float32, bitcast=True)
+        code = (tl.abs(y) * inv_quantum + magic).to(tl.uint32, bitcast=True) - RNE_MAGIC_BITS
+    return tl.minimum(code, limit) + (bits >> 31) * sign_weight
+
+
+@triton.jit
+def pack_codes(codes, BITS: tl.constexpr, PER_UNIT: tl.constexpr):
+    """Pack ``PER_UNIT`` codes of ``BITS`` bits along the last axis into one uint32, first lowest."""
     ROWS: tl.constexpr = codes.shape[0]
     N: tl.constexpr = codes.shape[1]
-    lo, hi = tl.split(tl.reshape(codes, [ROWS, N // 2, 2]))
-    return lo | (hi << 4)
+    groups = tl.reshape(codes, [ROWS, N // PER_UNIT, PER_UNIT])
+    return tl.sum(groups << (tl.arange(0, PER_UNIT) * BITS)[None, None, :], axis=2)

@@ -42,8 +42,9 @@ from .mx_math import (
     bf16_bits_to_float,
     encode_elements,
     exp2_int,
-    pack_nibbles,
+    pack_codes,
     philox_uniform,
+    philox_uniform_runs,
     round_to_bf16,
     shared_exponent,
     walsh_hadamard_butterfly,
@@ -87,12 +88,13 @@ def _quantize_tile(
     HADAMARD_STAGES: tl.constexpr, HAS_SIGNS: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     RULE: tl.constexpr, STOCHASTIC: tl.constexpr, EMAX: tl.constexpr, EMIN: tl.constexpr,
     MBITS: tl.constexpr, MAX_NORMAL: tl.constexpr, MAX_CODE: tl.constexpr,
-    ELEMENT_BITS: tl.constexpr,
+    ELEMENT_BITS: tl.constexpr, CODES_PER_UNIT: tl.constexpr,
 ):
     """Quantize float32 tile ``v`` [R, C] with blocks along its last axis and store it.
 
     Rows are ``row_start + i`` of the output, columns ``col_start + j`` of its block axis
-    (``length`` valid, ``padded_len`` stored).
+    (``length`` valid, ``padded_len`` stored). ``data_ptr`` points to units (uint8 or uint32)
+    of ``CODES_PER_UNIT`` packed codes.
     """
     R: tl.constexpr = v.shape[0]
     C: tl.constexpr = v.shape[1]
@@ -112,36 +114,48 @@ def _quantize_tile(
         v = tl.where(cols[None, :] < length, v, 0.0)  # padding is +0, as in the reference
 
     blocks = tl.reshape(v, [R, C // BLOCK_SIZE, BLOCK_SIZE])
-    amax_bits = tl.max(blocks.to(tl.int32, bitcast=True) & F32_ABS_MASK, axis=2)
-    finite = amax_bits < F32_INF_BITS  # NaN/Inf blocks: scale code 255, element codes 0
-    s = shared_exponent(amax_bits, RULE, EMAX, MAX_NORMAL, MBITS)
+    # |v| << 1 orders like |v| as unsigned integers, with NaN above Inf.
+    amax2 = tl.max(blocks.to(tl.uint32, bitcast=True) << 1, axis=2)
+    finite = amax2 < (F32_INF_BITS << 1)  # NaN/Inf blocks: scale code 255, element codes 0
+    s = shared_exponent((amax2 >> 1).to(tl.int32), RULE, EMAX, MAX_NORMAL, MBITS)
     # s <= 126 for every finite float32 amax and format, so 2**-s is a normal number.
-    scaled = tl.reshape(blocks * exp2_int(-s)[:, :, None], [R, C])
+    scaled = blocks * exp2_int(-s)[:, :, None]
 
     noise = 0.0
     if STOCHASTIC:
-        noise = philox_uniform(seed, rows[:, None].to(tl.int64) * padded_len + cols[None, :])
-    codes = encode_elements(scaled, noise, STOCHASTIC, MBITS, EMIN, MAX_CODE, ELEMENT_BITS - 1)
+        row_offsets = rows.to(tl.int64) * padded_len
+        if BLOCK_SIZE % 4 == 0:  # runs of four elements share a Philox call
+            runs = (col_start + tl.arange(0, C // 4) * 4) // 4
+            noise = philox_uniform_runs(seed, row_offsets[:, None] // 4 + runs[None, :])
+        else:
+            noise = philox_uniform(seed, row_offsets[:, None] + cols[None, :])
+        noise = tl.reshape(noise, [R, C // BLOCK_SIZE, BLOCK_SIZE])
+    limit = tl.where(finite, MAX_CODE, 0).to(tl.uint32)
+    sign_weight = tl.where(finite, 1 << (ELEMENT_BITS - 1), 0).to(tl.uint32)
+    codes = encode_elements(
+        scaled, noise, limit[:, :, None], sign_weight[:, :, None], STOCHASTIC, MBITS, EMIN
+    )
+    units = pack_codes(tl.reshape(codes, [R, C]), ELEMENT_BITS, CODES_PER_UNIT)
 
     row_ok = rows[:, None] < n_rows
-    if ELEMENT_BITS == 4:
-        codes = pack_nibbles(codes)
-        data_cols = col_start // 2 + tl.arange(0, C // 2)
-        row_bytes = padded_len // 2
-    else:
-        data_cols = cols
-        row_bytes = padded_len
-    # Zero the (meaningless) codes of NaN/Inf blocks once they are packed: fewer selects.
-    codes = tl.reshape(codes, [R, C // BLOCK_SIZE, BLOCK_SIZE * ELEMENT_BITS // 8])
-    codes = tl.reshape(tl.where(finite[:, :, None], codes, 0), [R, C * ELEMENT_BITS // 8])
-    data_offs = rows[:, None].to(tl.int64) * row_bytes + data_cols[None, :]
-    tl.store(data_ptr + data_offs, codes, mask=row_ok & (data_cols[None, :] < row_bytes))
+    UNITS: tl.constexpr = C // CODES_PER_UNIT
+    unit_cols = col_start // CODES_PER_UNIT + tl.arange(0, UNITS)
+    row_units = padded_len // CODES_PER_UNIT
+    unit_offs = rows[:, None].to(tl.int64) * row_units + unit_cols[None, :]
+    tl.store(data_ptr + unit_offs, units, mask=row_ok & (unit_cols[None, :] < row_units))
 
     n_blocks = padded_len // BLOCK_SIZE
     block_cols = col_start // BLOCK_SIZE + tl.arange(0, C // BLOCK_SIZE)
     scale_codes = tl.where(finite, s + F32_BIAS, E8M0_NAN).to(tl.uint8)
     scale_offs = rows[:, None].to(tl.int64) * n_blocks + block_cols[None, :]
     tl.store(scale_ptr + scale_offs, scale_codes, mask=row_ok & (block_cols[None, :] < n_blocks))
+
+
+@triton.jit
+def _to_float32(x, INPUT_BF16: tl.constexpr):
+    if INPUT_BF16:
+        return bf16_bits_to_float(x)
+    return x.to(tl.float32)
 
 
 @triton.jit
@@ -154,7 +168,7 @@ def _quantize_mx_kernel(
     BLOCK_SIZE: tl.constexpr,
     RULE: tl.constexpr, STOCHASTIC: tl.constexpr, EMAX: tl.constexpr, EMIN: tl.constexpr,
     MBITS: tl.constexpr, MAX_NORMAL: tl.constexpr, MAX_CODE: tl.constexpr,
-    ELEMENT_BITS: tl.constexpr,
+    ELEMENT_BITS: tl.constexpr, CODES_PER_UNIT: tl.constexpr,
 ):
     row_start = tl.program_id(0) * BLOCK_M
     col_start = tl.program_id(1) * BLOCK_N
@@ -163,24 +177,20 @@ def _quantize_mx_kernel(
     mask = (rows[:, None] < M) & (cols[None, :] < N)
     offs = rows[:, None].to(tl.int64) * stride_m + cols[None, :].to(tl.int64) * stride_n
     x = tl.load(x_ptr + offs, mask=mask, other=0)  # zero padding of partial blocks
-    if INPUT_BF16:
-        x = bf16_bits_to_float(x)
-    else:
-        x = x.to(tl.float32)
 
     if ROWWISE:
         _quantize_tile(
-            x, row_start, col_start, M, N, n_padded, row_data_ptr, row_scale_ptr,
-            signs_ptr, seed, hadamard_scale, ROUND_TO, NATIVE_CASTS, HADAMARD,
+            _to_float32(x, INPUT_BF16), row_start, col_start, M, N, n_padded, row_data_ptr,
+            row_scale_ptr, signs_ptr, seed, hadamard_scale, ROUND_TO, NATIVE_CASTS, HADAMARD,
             HADAMARD_STAGES, HAS_SIGNS, BLOCK_SIZE, RULE, STOCHASTIC, EMAX, EMIN, MBITS,
-            MAX_NORMAL, MAX_CODE, ELEMENT_BITS,
+            MAX_NORMAL, MAX_CODE, ELEMENT_BITS, CODES_PER_UNIT,
         )
-    if COLWISE:  # the transposed tile: blocks along dim 0, stored block-axis-last
+    if COLWISE:  # the transposed tile (the raw input: half the bytes to move for 16-bit inputs)
         _quantize_tile(
-            tl.trans(x), col_start, row_start, N, M, m_padded, col_data_ptr, col_scale_ptr,
-            signs_ptr, seed, hadamard_scale, ROUND_TO, NATIVE_CASTS, HADAMARD,
-            HADAMARD_STAGES, HAS_SIGNS, BLOCK_SIZE, RULE, STOCHASTIC, EMAX, EMIN, MBITS,
-            MAX_NORMAL, MAX_CODE, ELEMENT_BITS,
+            _to_float32(tl.trans(x), INPUT_BF16), col_start, row_start, N, M, m_padded,
+            col_data_ptr, col_scale_ptr, signs_ptr, seed, hadamard_scale, ROUND_TO,
+            NATIVE_CASTS, HADAMARD, HADAMARD_STAGES, HAS_SIGNS, BLOCK_SIZE, RULE, STOCHASTIC,
+            EMAX, EMIN, MBITS, MAX_NORMAL, MAX_CODE, ELEMENT_BITS, CODES_PER_UNIT,
         )
 
 
@@ -197,6 +207,19 @@ def _allocate(
     data = torch.empty(outer, padded * efmt.bits // 8, dtype=torch.uint8, device=device)
     scales = torch.empty(outer, padded // block_size, dtype=torch.uint8, device=device)
     return data, scales
+
+
+def _codes_per_unit(efmt: ElementFormat, block_size: int) -> int:
+    """Codes per store unit: a 32-bit word where a block fills whole words, else a byte."""
+    unit_bits = 32 if block_size * efmt.bits % 32 == 0 else 8
+    return unit_bits // efmt.bits
+
+
+def _as_units(data: torch.Tensor | None, efmt: ElementFormat, per_unit: int) -> torch.Tensor | None:
+    """The uint8 codes storage as the kernel writes it: int32 words or bytes."""
+    if data is None or per_unit * efmt.bits == 8:
+        return data
+    return data.view(torch.int32)
 
 
 def _quantize(
@@ -233,13 +256,15 @@ def _quantize(
     tiling = tiling.fit(whole_blocks if colwise else 1, whole_blocks if rowwise else 1)
     row = _allocate(M, N, efmt, block_size, x.device) if rowwise else (None, None)
     col = _allocate(N, M, efmt, block_size, x.device) if colwise else (None, None)
+    per_unit = _codes_per_unit(efmt, block_size)
     signs_arg = x if signs is None else signs.to(device=x.device, dtype=torch.float32).contiguous()
     x_arg = x.view(torch.int16) if x.dtype == torch.bfloat16 else x
     round_to = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(x.dtype, "")
 
     grid = (triton.cdiv(M, tiling.block_m), triton.cdiv(N, tiling.block_n))
     _quantize_mx_kernel[grid](
-        x_arg, signs_arg, row[0], row[1], col[0], col[1],
+        x_arg, signs_arg, _as_units(row[0], efmt, per_unit), row[1],
+        _as_units(col[0], efmt, per_unit), col[1],
         M, N, x.stride(0), x.stride(1),
         -(-M // block_size) * block_size, -(-N // block_size) * block_size,
         0 if seed is None else seed, 1 / math.sqrt(hb) if hb else 1.0,
@@ -248,7 +273,7 @@ def _quantize(
         HADAMARD=hb, HADAMARD_STAGES=max(hb.bit_length() - 1, 0), HAS_SIGNS=signs is not None,
         BLOCK_SIZE=block_size, RULE=scale_rule, STOCHASTIC=rounding == "stochastic",
         EMAX=efmt.emax, EMIN=efmt.emin, MBITS=efmt.mbits, MAX_NORMAL=efmt.max_normal,
-        MAX_CODE=_max_code(efmt), ELEMENT_BITS=efmt.bits,
+        MAX_CODE=_max_code(efmt), ELEMENT_BITS=efmt.bits, CODES_PER_UNIT=per_unit,
         num_warps=tiling.num_warps,
     )
 
