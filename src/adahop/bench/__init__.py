@@ -1,32 +1,94 @@
-"""``adahop bench``: GPU benchmarks, each a ratio to its baseline measured in the same run."""
+"""``adahop bench``: GPU benchmarks, each a ratio to its baseline measured in the same run.
+
+Sections: ``gemm`` (MXFP4 GEMM routes vs cuBLAS BF16 at the Llama-3-8B shapes), ``quantize``
+(fused quantizer bandwidth vs a device copy) and ``linear`` (AdaHOPLinear forward+backward and
+saved activations vs BF16 ``nn.Linear``). Writes ``<out>.json`` and a ``<out>.md`` summary.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 from pathlib import Path
 
 from .common import environment
 
+SECTIONS = ("gemm", "quantize", "linear")
+# The headline figure of each section, as the issue names it.
+HEADLINES = {
+    "gemm": ("gemm_speedup_vs_bf16", "MXFP4 GEMM (auto route) vs cuBLAS BF16, geomean of 4 shapes"),
+    "quantize": ("quantize_fraction_of_copy_bw", "fused quantizer, fraction of copy bandwidth"),
+    "linear": ("linear_fwd_bwd_speedup_vs_bf16", "AdaHOPLinear fwd+bwd, calibrated lv2 mix vs nn.Linear"),
+}
+
+
+def summary_markdown(report: dict) -> str:
+    lines = [
+        f"# adahop bench: {report['gpu']}, {report['date']}",
+        "",
+        f"torch {report['torch']}, triton {report['triton']}, CUDA {report['cuda']}, "
+        f"Python {report['python']}. Every figure is a ratio to a baseline measured in the same run.",
+        "",
+        "| figure | value |",
+        "|---|---|",
+    ]
+    for section, (key, what) in HEADLINES.items():
+        if key in report:
+            lines.append(f"| {what} (`{key}`) | {report[key]:.2f} |")
+    if "saved_activation_compression" in report:
+        lines.append(
+            "| saved activations, BF16 / AdaHOP, calibrated lv2 mix (`saved_activation_compression`) | "
+            f"{report['saved_activation_compression']:.2f} |"
+        )
+    if "gemm" in report:
+        from .gemm import ROUTES
+
+        lines += ["", "MXFP4 GEMM TFLOP/s (ratio to cuBLAS BF16) per route:", "",
+                  "| M, N, K | BF16 | " + " | ".join(ROUTES) + " | fold_fp8 without the fold |",
+                  "|---" * (len(ROUTES) + 3) + "|"]
+        for s in report["gemm"]["shapes"]:
+            cells = [f"{e['tflops']:.0f} ({e['ratio_vs_bf16']:.2f}x)" if "tflops" in (e := s["routes"][r])
+                     else "failed" for r in ROUTES]
+            excl = s["fold_fp8_gemm_only_fast_accum_True"]["ratio_vs_bf16"]
+            lines.append(f"| {s['M']}, {s['N']}, {s['K']} | {s['bf16_tflops']:.0f} | " + " | ".join(cells)
+                         + f" | {excl:.2f}x |")
+    if "linear" in report:
+        lines += ["", "AdaHOPLinear forward+backward at 16k tokens (speedup vs BF16 nn.Linear, "
+                  "saved-activation compression):", "", "| shape (in, out) | plan | speedup | activations |",
+                  "|---|---|---|---|"]
+        for kind, row in report["linear"]["shapes"].items():
+            for name, p in row["plans"].items():
+                lines.append(f"| {kind} | {name} | {p['speedup_vs_bf16']:.2f}x | "
+                             f"{p['saved_activation_compression']:.2f}x |")
+    return "\n".join(lines) + "\n"
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="adahop bench", description=__doc__)
-    parser.add_argument("--tokens", type=int, default=16384, help="tokens per linear-layer call")
-    parser.add_argument("--out", type=Path, help="write the JSON report here")
+    parser.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated subset of {SECTIONS}")
+    parser.add_argument("--out", type=Path, help="write <out>.json and <out>.md")
     args = parser.parse_args(argv)
+    sections = [s for s in args.only.split(",") if s]
+    unknown = sorted(set(sections) - set(SECTIONS))
+    if unknown:
+        parser.error(f"unknown sections {unknown}; choose from {SECTIONS}")
 
     import torch
 
     if not torch.cuda.is_available():
         parser.error("benchmarks need a CUDA GPU")
-    from . import linear
-
-    report = {**environment(), "linear": linear.run(args.tokens)}
-    report["linear_fwd_bwd_speedup_vs_bf16"] = report["linear"]["linear_fwd_bwd_speedup_vs_bf16"]
-    report["saved_activation_compression"] = report["linear"]["saved_activation_compression"]
-    text = json.dumps(report, indent=2)
-    print(text)
+    report = environment()
+    for section in sections:
+        result = importlib.import_module(f"{__name__}.{section}").run()
+        report[section] = result
+        for key in (HEADLINES[section][0], "saved_activation_compression"):
+            if key in result:
+                report[key] = result[key]
+        print(f"{section}: " + ", ".join(f"{k}={result[k]:.3f}" for k in result if isinstance(result[k], float)))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+        args.out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
+        args.out.with_suffix(".md").write_text(summary_markdown(report))
+    print(summary_markdown(report))
     return 0

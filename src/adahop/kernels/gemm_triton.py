@@ -1,6 +1,6 @@
 """Triton GEMMs ``C = A @ B.T`` reading packed MXFP4 operands (blocks along K) directly.
 
-Two kernels, both measured against the fold route (see ``benchmarks/bench_gemm.py``):
+Two kernels, both measured against the fold route (see ``adahop.bench.gemm``):
 
 - ``mxfp4_fp8_matmul``: decodes E2M1 nibbles to E4M3 in registers, runs one FP8 ``tl.dot``
   per 32-wide scale block and promotes each partial product into a float32 accumulator with

@@ -6,26 +6,20 @@ Accuracy is the relative Frobenius error against a float64 GEMM of the dequantiz
 sampled rows, with FP32 output (and with BF16 output against the rounded reference). A second
 input whose blocks span 20 binades per row shows the fold's underflow count.
 
-    PYTHONPATH=src python benchmarks/bench_gemm.py --out benchmarks/results/<date>-h200-gemm.json
+Run as part of ``adahop bench`` (section ``gemm``).
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime
-import json
-import math
-import platform
 from dataclasses import asdict
 
 import torch
-import triton
-from triton.testing import do_bench
 
-from adahop.formats import MXTensor, quantize_mx
-from adahop.kernels.fold import FoldConfig, fold_to_fp8
-from adahop.kernels.gemm import default_route, fold_fp8_matmul, mx_matmul
-from adahop.kernels.gemm_triton import _mxfp4_dot_scaled_kernel, _mxfp4_fp8_kernel
+from ..formats import MXTensor, quantize_mx
+from ..kernels.fold import FoldConfig, fold_to_fp8
+from ..kernels.gemm import default_route, fold_fp8_matmul, mx_matmul
+from ..kernels.gemm_triton import _mxfp4_dot_scaled_kernel, _mxfp4_fp8_kernel
+from .common import copy_gb_per_s, geomean, ms_of, tflops
 
 LLAMA3_8B_SHAPES = ((16384, 4096, 4096), (16384, 14336, 4096), (16384, 4096, 14336), (16384, 6144, 4096))
 ROUTES = ("fold_fp8", "triton_fp8", "dot_scaled", "dequant_bf16")
@@ -38,16 +32,10 @@ FOLD_CONFIGS = (
 SPREAD_BINADES = 20  # block scales of the underflow stress input span this many binades
 
 
-def ms_of(fn) -> float:
-    return do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
-def tflops(m: int, n: int, k: int, ms: float) -> float:
-    return 2 * m * n * k / ms / 1e9
 
 
-def geomean(values: list[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
 def inputs(m: int, n: int, k: int, spread: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,11 +63,6 @@ def rel_errors(a: MXTensor, b: MXTensor, rows: torch.Tensor, **matmul_kwargs) ->
     }
 
 
-def copy_gb_per_s(nbytes: int = 1 << 30) -> float:
-    """Device-to-device copy bandwidth, bytes read + written (the fold's ceiling)."""
-    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    return 2 * nbytes / ms_of(lambda: dst.copy_(src)) / 1e6
 
 
 def bench_fold(mx: MXTensor) -> dict:
@@ -139,41 +122,13 @@ def spread_case(m: int, n: int, k: int, error_rows: int) -> dict:
     return case
 
 
-def print_table(report: dict) -> None:
-    header = f"{'M,N,K':>20} {'bf16':>7} " + " ".join(f"{r:>14}" for r in ROUTES) + f" {'fold excl.':>11}"
-    print(header)
-    for s in report["shapes"]:
-        cells = []
-        for route in ROUTES:
-            e = s["routes"][route]
-            cells.append(f"{e['tflops']:6.0f} {e['ratio_vs_bf16']:4.2f}x " if "tflops" in e else f"{'failed':>14}")
-        shape = f"{s['M']},{s['N']},{s['K']}"
-        excl = s["fold_fp8_gemm_only_fast_accum_True"]["ratio_vs_bf16"]
-        print(f"{shape:>20} {s['bf16_tflops']:7.0f} " + " ".join(cells) + f" {excl:10.2f}x")
-    print("TFLOP/s and ratio to cuBLAS BF16; errors and underflow counts are in the JSON.")
-    print(
-        f"auto route ({report['auto_route']}): {report['gemm_speedup_vs_bf16']:.2f}x BF16 (geomean, fold "
-        f"included), {report['gemm_speedup_vs_bf16_excluding_fold']:.2f}x excluding the fold"
-    )
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="gemm.json", help="where to write the JSON report")
-    parser.add_argument("--error-rows", type=int, default=1024, help="output rows checked against float64")
-    args = parser.parse_args()
-
+def run(error_rows: int = 1024) -> dict:
+    """Every route on every shape, ratios to cuBLAS BF16, plus the underflow stress case."""
     device = torch.device("cuda")
     copy_bw = copy_gb_per_s()
-    shapes = [bench_shape(*shape, args.error_rows, copy_bw) for shape in LLAMA3_8B_SHAPES]
+    shapes = [bench_shape(*shape, error_rows, copy_bw) for shape in LLAMA3_8B_SHAPES]
     auto = default_route(device, LLAMA3_8B_SHAPES[0][1])
     report = {
-        "gpu": torch.cuda.get_device_name(device),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "cuda": torch.version.cuda,
-        "python": platform.python_version(),
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "auto_route": auto,
         "copy_gb_per_s": copy_bw,
         "shapes": shapes,
@@ -185,13 +140,7 @@ def main() -> None:
         "gemm_speedup_vs_bf16_excluding_fold": geomean(
             [s["fold_fp8_gemm_only_fast_accum_True"]["ratio_vs_bf16"] for s in shapes]
         ),
-        "spread_case": spread_case(*LLAMA3_8B_SHAPES[0], args.error_rows),
+        "spread_case": spread_case(*LLAMA3_8B_SHAPES[0], error_rows),
     }
     report["gemm_speedup_vs_bf16"] = report["route_speedup_vs_bf16"].get(auto, float("nan"))
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=2)
-    print_table(report)
-
-
-if __name__ == "__main__":
-    main()
+    return report
