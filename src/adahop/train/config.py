@@ -171,14 +171,6 @@ def _get(cfg: TrainConfig, key: str) -> Any:
     return getattr(getattr(cfg, section), name)
 
 
-def valid_keys() -> list[str]:
-    """Every ``section.field`` a config accepts (dict-valued fields take ``.subkey`` too)."""
-    keys = ["out", "recipe"]
-    for section in sorted(_SECTIONS):
-        keys += [f"{section}.{f.name}" for f in dataclasses.fields(getattr(TrainConfig(), section))]
-    return keys + [f"recipe.{f.name}" for f in dataclasses.fields(Recipe)]
-
-
 # ---- values: CLI strings and TOML values to typed fields -----------------------------------
 def _coerce(value: Any, hint: Any, key: str) -> Any:
     """``value`` (a command-line string or a TOML value) as type ``hint``."""
