@@ -100,15 +100,20 @@ def uniform_from_bits(bits):
 
 
 @triton.jit
+def _philox_words(seed, counters):
+    """Philox4x32-10 of int64 counters ``(counter mod 2**32, counter >> 32, 0, 0)``."""
+    zero = counters.to(tl.uint32) * 0
+    return tl.philox(seed, counters.to(tl.uint32), (counters >> 32).to(tl.uint32), zero, zero)
+
+
+@triton.jit
 def philox_uniform(seed, offsets):
     """Noise at int64 ``offsets``, bit-identical to ``formats.philox.uniform(seed, offsets)``.
 
     One Philox call per element (word ``offset % 4`` of counter ``offset // 4``); for runs of
     four offsets that share a call, ``philox_uniform_runs`` is four times cheaper.
     """
-    counters = offsets >> 2
-    zero = counters.to(tl.uint32) * 0
-    w0, w1, w2, w3 = tl.philox(seed, counters.to(tl.uint32), (counters >> 32).to(tl.uint32), zero, zero)
+    w0, w1, w2, w3 = _philox_words(seed, offsets >> 2)
     word = offsets & 3
     bits = tl.where(word < 2, tl.where(word == 0, w0, w1), tl.where(word == 2, w2, w3))
     return uniform_from_bits(bits)
@@ -122,8 +127,7 @@ def philox_uniform_runs(seed, counters):
     """
     R: tl.constexpr = counters.shape[0]
     G: tl.constexpr = counters.shape[1]
-    zero = counters.to(tl.uint32) * 0
-    w0, w1, w2, w3 = tl.philox(seed, counters.to(tl.uint32), (counters >> 32).to(tl.uint32), zero, zero)
+    w0, w1, w2, w3 = _philox_words(seed, counters)
     words = tl.join(tl.join(w0, w2), tl.join(w1, w3))  # [R, G, 2, 2] = w0 w1 w2 w3 row-major
     return uniform_from_bits(tl.reshape(words, [R, 4 * G]))
 
