@@ -35,6 +35,16 @@ LINEARS_PER_BLOCK = 7  # wq, wk, wv, wo, w1, w2, w3
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """These runs' tensors are tiny: one intra-op thread is faster than two, and does not slow
+    down many-fold when other processes busy the same two cores."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
 @pytest.fixture(scope="session")
 def corpus(tmp_path_factory) -> Path:
     """About 50 kB of real text: the sources of the stdlib ``json`` package."""
