@@ -20,8 +20,7 @@ from adahop.train import (
 from adahop.train import checkpoint as ckpt
 from adahop.train import trainer as trainer_module
 
-# Fixtures shared with the trainer tests: a small corpus, a per-session cache, a small run.
-from test_train import corpus, one_thread, small_overrides  # noqa: F401
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 STEPS = 8
 CALIBRATION_STEPS = 3

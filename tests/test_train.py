@@ -30,49 +30,13 @@ from adahop.train.cli import main
 from adahop.train.config import dump_toml
 from adahop.train.optim import lr_multiplier
 
-SMALL_MODEL = {"n_layers": 2, "dim": 64, "n_heads": 2, "n_kv_heads": 1, "max_seq_len": 64}
+from conftest import SMALL_MODEL
+
 LINEARS_PER_BLOCK = 7  # wq, wk, wv, wo, w1, w2, w3
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """These runs' tensors are tiny: one intra-op thread is faster than two, and does not slow
-    down many-fold when other processes busy the same two cores."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
-@pytest.fixture(scope="session")
-def corpus(tmp_path_factory) -> Path:
-    """About 50 kB of real text: the sources of the stdlib ``json`` package."""
-    text = "".join(p.read_text() for p in sorted(Path(json.__file__).parent.glob("*.py")))
-    path = tmp_path_factory.mktemp("corpus") / "json_sources.txt"
-    path.write_text(text)
-    return path
-
-
-@pytest.fixture(scope="module")
-def small_overrides(corpus, tmp_path_factory):
-    """``small_overrides(out, **extra)``: (key, value) pairs of a seconds-long run in ``out``;
-    ``extra`` keys spell dots as ``__`` (``optim__lr=0.1``)."""
-
-    def make(out: Path, **extra) -> list[tuple[str, str]]:
-        pairs = {f"model.overrides.{k}": v for k, v in SMALL_MODEL.items()}
-        pairs |= {
-            "data.source": corpus, "data.seq_len": 32, "data.batch_size": 4, "data.vocab_size": 512,
-            "data.val_fraction": 0.1, "training.steps": 6, "training.device": "cpu",
-            "optim.warmup_steps": 2, "recipe.calibration_steps": 2, "checkpoint.interval": 2,
-            "logging.log_every": 1, "logging.val_every": 3, "logging.val_batches": 2, "out": out,
-        }
-        pairs |= {k.replace("__", "."): v for k, v in extra.items()}
-        return [(k, str(v)) for k, v in pairs.items()]
-
-    with pytest.MonkeyPatch.context() as patch:  # tokenizer and tokens cached per test module
-        patch.setenv("ADAHOP_CACHE", str(tmp_path_factory.mktemp("cache")))
-        yield make
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def as_argv(pairs: list[tuple[str, str]]) -> list[str]:

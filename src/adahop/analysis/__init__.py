@@ -1,0 +1,1 @@
+"""Looking at runs: loss-curve comparison and per-layer outlier analysis."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -98,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         with torch.random.fork_rng():
             reports, out = analyze(args.path, args.out)
     except (CheckpointError, ConfigError, FileNotFoundError) as e:
-        console.print(f"[red]error:[/] {e}")
+        print(f"adahop analyze: error: {e}", file=sys.stderr)
         return 2
     print_report(reports, console)
     console.print(f"wrote {out}/report.md, report.json, overview.png and heatmaps/ ({len(reports)} layers)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import math
 from pathlib import Path
 
@@ -126,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rows = compare(args.runs, args.out)
     except (FileNotFoundError, ValueError) as e:
-        console.print(f"[red]error:[/] {e}")
+        print(f"adahop compare: error: {e}", file=sys.stderr)
         return 2
     print_table(rows, console)
     stem = Path(args.out).with_suffix("")

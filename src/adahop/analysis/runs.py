@@ -1,4 +1,4 @@
-"""Reading a run directory written by ``adahop train``: its config and metrics."""
+"""A run directory written by ``adahop train``, read back as loss curves and its recipe."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import json
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from ..train.metrics import METRICS_FILE, read_metrics
 
 
 @dataclass
@@ -34,31 +36,20 @@ class RunRecord:
         return self.val_loss[-1] if self.val_loss else float("nan")
 
 
-def recipe_name(config: dict) -> str:
-    recipe = config.get("recipe", "unknown")
-    return recipe.get("name", "custom") if isinstance(recipe, dict) else str(recipe)
-
-
 def read_run(run_dir: str | Path) -> RunRecord:
     """Load ``config.toml`` and ``metrics.jsonl`` of a run; clear errors if they are missing."""
     path = Path(run_dir)
-    metrics = path / "metrics.jsonl"
-    if not metrics.is_file():
-        raise FileNotFoundError(f"{path} is not an adahop run directory: no metrics.jsonl")
+    if not (path / METRICS_FILE).is_file():
+        raise FileNotFoundError(f"{path} is not an adahop run directory: no {METRICS_FILE}")
     config_file = path / "config.toml"
     config = tomllib.loads(config_file.read_text()) if config_file.is_file() else {}
-    run = RunRecord(path, recipe_name(config))
-    for lineno, line in enumerate(metrics.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{metrics}:{lineno}: not valid JSON ({e})") from None
-        if rec.get("kind") == "train" and "loss" in rec:
-            run.train_steps.append(rec["step"])
-            run.train_loss.append(rec["loss"])
-        elif rec.get("kind") == "val" and "val_loss" in rec:
-            run.val_steps.append(rec["step"])
-            run.val_loss.append(rec["val_loss"])
+    run = RunRecord(path, config.get("recipe", {}).get("name", "unknown"))
+    try:
+        records = read_metrics(path)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path / METRICS_FILE}: not valid JSON lines ({e})") from None
+    for rec in records:
+        steps, losses = (run.train_steps, run.train_loss) if rec["kind"] == "train" else (run.val_steps, run.val_loss)
+        steps.append(rec["step"])
+        losses.append(rec["loss"])
     return run

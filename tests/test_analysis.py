@@ -1,0 +1,81 @@
+"""``adahop compare`` and ``adahop analyze`` on real run directories made by short CPU runs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from adahop.analysis import analyze, compare
+from adahop.cli import main as adahop_main
+from adahop.policy import ModelPlan
+from conftest import SMALL_MODEL
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def runs(small_overrides, tmp_path_factory):
+    """A bf16 run and an adahop_lv2 run of the same small model, data and seed."""
+    root = tmp_path_factory.mktemp("runs")
+    dirs = {}
+    for recipe in ("bf16", "adahop_lv2"):
+        out = root / recipe
+        argv = [f"--{k}={v}" for k, v in small_overrides(out, recipe__name=recipe)]
+        assert adahop_main(["train", *argv]) == 0
+        dirs[recipe] = out
+    return dirs
+
+
+def test_compare_writes_plot_and_table_with_gap_to_bf16(runs, tmp_path, capsys):
+    stem = tmp_path / "cmp"
+    assert adahop_main(["compare", str(runs["bf16"]), str(runs["adahop_lv2"]), "--out", str(stem)]) == 0
+    assert stem.with_suffix(".png").read_bytes().startswith(PNG_SIGNATURE)
+    rows = json.loads(stem.with_suffix(".json").read_text())
+    assert [r["recipe"] for r in rows] == ["bf16", "adahop_lv2"]
+    assert rows[0]["val_gap_to_bf16"] == 0.0
+    lv2 = rows[1]
+    assert lv2["val_gap_to_bf16"] == pytest.approx(lv2["final_val_loss"] - rows[0]["final_val_loss"])
+    assert "adahop_lv2" in stem.with_suffix(".md").read_text()
+    assert "adahop_lv2" in capsys.readouterr().out
+
+
+def test_compare_reads_every_logged_point(runs):
+    run = compare.read_run(runs["adahop_lv2"])
+    assert run.train_steps == list(range(1, 7)) and run.val_steps == [3, 6]
+    assert all(loss > 0 for loss in run.train_loss + run.val_loss)
+
+
+def test_compare_rejects_a_directory_that_is_not_a_run(tmp_path, capsys):
+    assert adahop_main(["compare", str(tmp_path)]) == 2
+    assert "not an adahop run directory" in capsys.readouterr().err
+
+
+def test_analyze_reports_every_linear_layer_with_its_plan(runs, tmp_path):
+    reports, out = analyze.analyze(runs["adahop_lv2"], tmp_path / "analysis")
+    n_converted = 7 * SMALL_MODEL["n_layers"]
+    assert len(reports) == n_converted + 1  # and the LM head
+    plan = ModelPlan.load(runs["adahop_lv2"] / "plan.json")
+    for rep in reports:
+        assert set(rep.tensors) == {"x", "w", "g"}
+        for t in rep.tensors.values():
+            assert t.pattern in ("row", "col", "none") and t.mxfp4_rel_error > 0
+        if rep.name == "output":
+            assert rep.strategies is None
+        else:
+            assert rep.strategies == {g: s.value for g, s in plan[rep.name].strategies().items()}
+        assert (out / "heatmaps" / f"{rep.name}.png").read_bytes().startswith(PNG_SIGNATURE)
+    assert (out / "overview.png").read_bytes().startswith(PNG_SIGNATURE)
+    saved = json.loads((out / "report.json").read_text())
+    assert [r["name"] for r in saved] == [r.name for r in reports]
+    assert "| layers.0.attention.wq |" in (out / "report.md").read_text()
+
+
+def test_analyze_cli_on_a_checkpoint_file_and_bad_paths(runs, tmp_path, capsys):
+    checkpoint = sorted((runs["bf16"] / "checkpoints").glob("*.pt"))[-1]
+    assert adahop_main(["analyze", str(checkpoint), "--out", str(tmp_path / "a")]) == 0
+    assert "(15 layers)" in capsys.readouterr().out
+    assert "| nn.Linear | nn.Linear | nn.Linear |" in (tmp_path / "a" / "report.md").read_text()
+    assert adahop_main(["analyze", str(tmp_path / "missing")]) == 2
+    assert "no such checkpoint" in capsys.readouterr().err
