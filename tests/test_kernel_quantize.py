@@ -92,6 +92,15 @@ def test_stochastic_rounding_matches_reference_noise(fmt, axis, seed):
     check(hard_matrix(50, 90), fmt=fmt, axis=axis, rounding="stochastic", seed=seed)
 
 
+@pytest.mark.parametrize("fmt, block_size", [("mxfp4", 2), ("mxfp4", 4), ("mxfp8_e5m2", 1)])
+@pytest.mark.parametrize("rounding", ("nearest", "stochastic"))
+def test_blocks_smaller_than_a_word_or_a_philox_call(fmt, block_size, rounding):
+    """Byte stores where a block is under 32 bits; one Philox call per element under 4 elements."""
+    for axis in (-1, 0):
+        check(hard_matrix(33, 40), fmt=fmt, block_size=block_size, rounding=rounding, seed=5,
+              axis=axis)
+
+
 def test_stochastic_rounding_is_seeded():
     x = torch.randn(64, 128, device=DEVICE)
     draw = lambda seed: quantize_mx_triton(x, rounding="stochastic", seed=seed).data

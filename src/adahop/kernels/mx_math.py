@@ -14,13 +14,11 @@ F32_MBITS = tl.constexpr(23)
 F32_BIAS = tl.constexpr(127)
 F32_ABS_MASK = tl.constexpr(0x7FFFFFFF)
 F32_MANTISSA_MASK = tl.constexpr(0x7FFFFF)
-F32_EXP_MASK = tl.constexpr(0x7F800000)
 F32_INF_BITS = tl.constexpr(0x7F800000)
 E8M0_NAN = tl.constexpr(255)
-# Adding then subtracting 1.5 * 2**23 rounds a float32 in [0, 2**22) to an integer, ties to even.
-RNE_MAGIC = tl.constexpr(12582912.0)
+# Adding 1.5 * 2**23 (bits 0x4B400000) rounds a float32 in [0, 2**22) to an integer, ties to even.
 RNE_MAGIC_BITS = tl.constexpr(0x4B400000)
-UNIFORM_SHIFT = tl.constexpr(8)  # keep the top 24 Philox bits (adahop.formats.philox)
+UNIFORM_SHIFT = tl.constexpr(8)  # keep the top 24 bits of a Philox word (adahop.formats.philox)
 UNIFORM_STEP = tl.constexpr(5.9604644775390625e-08)  # 2**-24
 
 

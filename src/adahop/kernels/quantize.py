@@ -11,12 +11,15 @@ Hadamard decision: the transform runs as a fixed-order butterfly (``log2(hb)`` a
 stages on float32, then one multiply by ``1/sqrt(hb)``), and ``hadamard_transform`` is defined
 by the same butterfly, so the two agree bit for bit on every device. A ``tl.dot`` against ``H``
 sums in an order set by the tensor cores and could only match to an ulp or two, flipping codes.
-Cost, from the sm_90 SASS of the default tile (32x128, 4 warps, bf16 in, MXFP4 out), in
-instructions per input element: row-wise 23, column-wise 28, both 46; with the H32 butterfly
-46 / 52 / 91; stochastic rounding adds about 60 (one Philox4x32-10 call per element). The
-butterflies' cross-thread stages go through layout conversions. Bandwidth on the H200 is
-measured by ``benchmarks/bench_quantize.py``; the ``tl.dot`` route stays the fallback if the
-butterfly misses the bandwidth target.
+Cost. On sm_90 this kernel is bound by the integer-logic pipe (16 lanes per scheduler, half
+the issue rate), not by memory: the element encoding is therefore written with shifts, adds and
+fused multiply-adds, which run on the multiply-add pipe (``mx_math.encode_elements``), and
+stochastic rounding draws one Philox4x32-10 call per four elements. Static counts from the
+sm_90 SASS of the 32x128/4-warp tile (bf16 in, MXFP4 out), instructions per element (integer-
+logic ones in brackets): row-wise 22 (12), stochastic 43 (18), was 23 (15) and 82 (38) with a
+Philox call per element; column-wise 24 (15) on a 32x64/1-warp tile. The butterflies' cross-
+thread stages go through layout conversions. Bandwidth on the H200 is measured by
+``benchmarks/bench_quantize.py``.
 
 The tensor is processed in ``[block_m, block_n]`` tiles; a tile's block axis holds whole MX
 blocks and whole Hadamard blocks. Runs on CUDA, or on CPU tensors under ``TRITON_INTERPRET=1``.
@@ -36,7 +39,6 @@ from ..formats.mx import ELEMENT_FORMATS, MXTensor, check_quantize_args
 from ..transforms.hadamard import check_hadamard_args
 from .mx_math import (
     E8M0_NAN,
-    F32_ABS_MASK,
     F32_BIAS,
     F32_INF_BITS,
     bf16_bits_to_float,
@@ -76,8 +78,19 @@ class QuantizeTiling:
 
 # The interpreter pays milliseconds per program: give each one a large tile.
 INTERPRETER_TILING = QuantizeTiling(block_m=128, block_n=256, num_warps=1)
-# Chosen from static instruction counts and register use on sm_90 (see bench_quantize.py).
-CUDA_TILING = QuantizeTiling()
+# Per orientation, from the H200 sweep (benchmarks/bench_quantize.py --sweep). A column-wise
+# block must not span warps: Triton lays warps along the rows of a tile, and a reduction across
+# warps goes through shared memory, so column-wise tiles take one warp.
+CUDA_TILINGS = {
+    "rowwise": QuantizeTiling(block_m=32, block_n=128, num_warps=4),
+    "colwise": QuantizeTiling(block_m=32, block_n=64, num_warps=1),
+    "both": QuantizeTiling(block_m=32, block_n=64, num_warps=1),
+}
+
+
+def default_tiling(orientation: str, device: torch.device) -> QuantizeTiling:
+    """The tiling ``quantize_mx_triton`` uses for ``orientation`` ("rowwise", "colwise", "both")."""
+    return CUDA_TILINGS[orientation] if device.type == "cuda" else INTERPRETER_TILING
 
 
 @triton.jit
@@ -249,7 +262,8 @@ def _quantize(
         for length in (N,) * rowwise + (M,) * colwise:
             check_hadamard_args(length, hb, signs)
     if tiling is None:
-        tiling = CUDA_TILING if x.is_cuda else INTERPRETER_TILING
+        orientation = "both" if rowwise and colwise else "rowwise" if rowwise else "colwise"
+        tiling = default_tiling(orientation, x.device)
 
     efmt = ELEMENT_FORMATS[fmt]
     whole_blocks = max(block_size, hb)  # a tile's block axis holds whole MX and Hadamard blocks
