@@ -84,8 +84,8 @@ class GemmOperand:
 
 def outlier_rows(t: torch.Tensor, k: int) -> torch.Tensor:
     """Indices of the ``k`` rows with the largest abs-max: the rows that would set block scales."""
-    score = t.detach().abs().amax(dim=1).float()
-    return torch.topk(score, min(k, t.shape[0]), sorted=False).indices
+    score = torch.linalg.vector_norm(t.detach(), float("inf"), dim=1)  # one fused pass, no |t| copy
+    return torch.topk(score.float(), min(k, t.shape[0]), sorted=False).indices
 
 
 def _rotate_and_quantize(
