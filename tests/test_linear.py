@@ -9,6 +9,7 @@ from torch import nn
 from adahop import quantize_mx
 from adahop.gemm import QuantSpec, prepare_operand, tn_matmul
 from adahop.nn import AdaHOPLinear, convert_model, load_plan, model_plan
+from adahop.bench.common import saved_activation_bytes
 from adahop.nn.linear import draw_rounding_seeds
 from adahop.policy.strategies import LayerPlan, Strategy
 from adahop.transforms import hadamard_transform
@@ -136,20 +137,6 @@ def test_extracted_rows_and_columns_are_exact(side):
 
 
 def test_saved_activation_memory_is_about_4x_below_bf16():
-    def saved_activation_bytes(module, x):
-        params = {p.data_ptr() for p in module.parameters()}
-        total = 0
-
-        def pack(t):
-            nonlocal total
-            if t.untyped_storage().data_ptr() not in params:
-                total += t.numel() * t.element_size()
-            return t
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            module(x)
-        return total
-
     x = torch.randn(1024, 512, dtype=torch.bfloat16, requires_grad=True)
     ref = nn.Linear(512, 512, bias=False, dtype=torch.bfloat16)
     base = saved_activation_bytes(ref, x)

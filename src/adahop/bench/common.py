@@ -7,6 +7,7 @@ import math
 import platform
 
 import torch
+from torch import nn
 
 
 def ms_of(fn, warmup: int = 25, rep: int = 100) -> float:
@@ -42,3 +43,19 @@ def environment() -> dict:
         "python": platform.python_version(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def saved_activation_bytes(module: nn.Module, x: torch.Tensor) -> int:
+    """Bytes autograd saves for backward in ``module(x)``, parameters (and views of them) excluded."""
+    params = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    total = 0
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        nonlocal total
+        if t.untyped_storage().data_ptr() not in params:
+            total += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        module(x)
+    return total

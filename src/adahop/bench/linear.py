@@ -17,7 +17,7 @@ from torch import nn
 
 from ..nn import AdaHOPLinear, convert_model, model_plan
 from ..policy import LayerPlan, Strategy
-from .common import geomean, ms_of
+from .common import geomean, ms_of, saved_activation_bytes
 
 TOKENS = 16384
 MLP_SHAPES = {"w1/w3": (4096, 14336), "w2": (14336, 4096)}  # (in, out)
@@ -56,21 +56,6 @@ def calibrated_mlp_plans(steps: int = CALIBRATION_STEPS + 2) -> dict[str, LayerP
         )
         chosen[kind] = LayerPlan(*counts.most_common(1)[0][0])
     return chosen
-
-
-def saved_activation_bytes(module: nn.Module, x: torch.Tensor) -> int:
-    params = {p.untyped_storage().data_ptr() for p in module.parameters()}
-    total = 0
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        nonlocal total
-        if t.untyped_storage().data_ptr() not in params:
-            total += t.numel() * t.element_size()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        module(x)
-    return total
 
 
 def fwd_bwd_ms(module: nn.Module, x: torch.Tensor, grad: torch.Tensor) -> float:
