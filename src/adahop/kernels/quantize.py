@@ -79,7 +79,7 @@ class QuantizeTiling:
 
 # The interpreter pays milliseconds per program: give each one a large tile.
 INTERPRETER_TILING = QuantizeTiling(block_m=128, block_n=256, num_warps=1)
-# Per orientation, from the H200 sweep (benchmarks/bench_quantize.py --sweep). A column-wise
+# Per orientation, from the H200 sweep (adahop.bench.quantize, sweep=True). A column-wise
 # block must not span warps: Triton lays warps along the rows of a tile, and a reduction across
 # warps goes through shared memory (2.3x slower on the H200), so column-wise tiles take one warp.
 CUDA_TILINGS = {

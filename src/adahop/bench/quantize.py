@@ -9,26 +9,21 @@ keeps the fastest. Sweep variants are compiled first by a pool of processes (eac
 Triton's on-disk cache from a small input with the same specialization), so the timed loop
 only loads binaries. "both" is also compared with the two single-orientation calls it replaces.
 
-    PYTHONPATH=src python benchmarks/bench_quantize.py --sweep --out benchmarks/results/quantize.json
+Run as the ``quantize`` section of ``adahop bench`` (``run(sweep=True)`` tries every tiling).
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import itertools
-import json
 import multiprocessing
 import os
-import platform
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 
 import torch
-import triton
 from triton.testing import do_bench, do_bench_cudagraph
 
-from adahop.kernels.quantize import (
+from ..kernels.quantize import (
     QuantizeTiling,
     default_tiling,
     quantize_mx_triton,
@@ -60,7 +55,8 @@ class Result:
     call_ms: float
 
 
-def copy_gb_per_s(x: torch.Tensor) -> float:
+def graph_copy_gb_per_s(x: torch.Tensor) -> float:
+    """Copy bandwidth (read + write) timed inside a CUDA graph, like the kernels."""
     dst = torch.empty_like(x)
     ms = do_bench_cudagraph(lambda: dst.copy_(x))
     return 2 * x.numel() * x.element_size() / ms / 1e6
@@ -98,34 +94,24 @@ def compile_all(cols: int, cases: list[tuple]) -> None:
         list(pool.map(compile_case, itertools.repeat(cols), cases))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, help="where to write the JSON results")
-    parser.add_argument("--rows", type=int, default=16384)
-    parser.add_argument("--cols", type=int, default=4096)
-    parser.add_argument("--hadamard-block-size", type=int, default=32)
-    parser.add_argument("--sweep", action="store_true", help="try every tiling in TILINGS")
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("bench_quantize needs a CUDA device")
-    if args.rows % WARMUP_ROWS:
-        raise SystemExit(f"--rows must be a multiple of {WARMUP_ROWS}")
-
+def run(rows: int = 16384, cols: int = 4096, hadamard_block_size: int = 32, sweep: bool = False) -> dict:
+    """Every orientation x Hadamard x rounding case, as fractions of the copy bandwidth."""
+    if rows % WARMUP_ROWS:
+        raise ValueError(f"rows must be a multiple of {WARMUP_ROWS}")
     device = torch.device("cuda")
-    settings = list(itertools.product(ORIENTATIONS, (None, args.hadamard_block_size), ROUNDINGS))
-    candidates = {s: TILINGS if args.sweep else (default_tiling(s[0], device),) for s in settings}
-    compile_all(args.cols, [(*s, t) for s in settings for t in candidates[s]])
+    settings = list(itertools.product(ORIENTATIONS, (None, hadamard_block_size), ROUNDINGS))
+    candidates = {s: TILINGS if sweep else (default_tiling(s[0], device),) for s in settings}
+    compile_all(cols, [(*s, t) for s in settings for t in candidates[s]])
 
-    x = torch.randn(args.rows, args.cols, device=device, dtype=torch.bfloat16)
-    copy = copy_gb_per_s(x)
+    x = torch.randn(rows, cols, device=device, dtype=torch.bfloat16)
+    copy = graph_copy_gb_per_s(x)
     print(f"device-to-device copy: {copy:.0f} GB/s")
     row = "{:<10} {:>8} {:<10} {:<14} {:>7} {:>7} {:>7} {:>8}"
-    print(row.format("orientation", "hadamard", "rounding", "tiling", "ms", "GB/s", "of copy",
-                     "call ms"))
-    results, sweep = {}, []
+    print(row.format("orientation", "hadamard", "rounding", "tiling", "ms", "GB/s", "of copy", "call ms"))
+    results, timings = {}, []
     for setting in settings:
         timed = [(run_case(x, *setting, t), t) for t in candidates[setting]]
-        sweep += [{"case": list(setting), "tiling": asdict(t), "ms": r[0]} for r, t in timed]
+        timings += [{"case": list(setting), "tiling": asdict(t), "ms": r[0]} for r, t in timed]
         (ms, gbps, call_ms), tiling = min(timed, key=lambda r: r[0][0])
         res = Result(*setting, asdict(tiling), ms, gbps, gbps / copy, call_ms)
         results[setting] = res
@@ -140,27 +126,14 @@ def main() -> None:
         for _, hb, rounding in settings
     }
     nearest = [r.fraction_of_copy for r in results.values() if r.rounding == "nearest"]
-    report = {
-        "gpu": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "python": platform.python_version(),
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "shape": [args.rows, args.cols],
+    return {
+        "shape": [rows, cols],
         "dtype": "bfloat16",
         "copy_gb_per_s": copy,
         # Worst round-to-nearest case (either orientation or both, with or without Hadamard).
         "quantize_fraction_of_copy_bw": min(nearest),
+        "best_fraction_of_copy_bw": max(r.fraction_of_copy for r in results.values()),
         "both_time_vs_two_calls": both_vs_separate,
         "cases": [asdict(r) for r in results.values()],
-        "sweep": sweep,
+        "sweep": timings,
     }
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=2)
-    print("both / (rowwise + colwise) time:", {k: round(v, 2) for k, v in both_vs_separate.items()})
-    print(f"worst round-to-nearest fraction of copy bandwidth: {min(nearest):.2f}")
-    print(f"wrote {args.out}")
-
-
-if __name__ == "__main__":
-    main()
