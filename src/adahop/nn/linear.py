@@ -21,6 +21,7 @@ outputs they touch, as they would in ``nn.Linear``; they are never silently zero
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +32,7 @@ from torch import nn
 from ..gemm.matmul import tn_matmul
 from ..gemm.operand import GemmOperand, QuantSpec, prepare_operand
 from ..policy.calibration import PatternVotes, attach_pattern_hooks
-from ..policy.strategies import LayerPlan, Strategy
+from ..policy.strategies import ROLES, LayerPlan, Strategy
 from ..recipes import Recipe, get_recipe
 from ..transforms import random_signs
 
@@ -119,6 +120,9 @@ class AdaHOPLinear(nn.Linear):
         self.recipe = get_recipe(recipe)
         self.layer_id = layer_id
         self.votes = PatternVotes()
+        # Random-sign Hadamard variant: one seeded vector for every layer and replica; a
+        # non-persistent buffer so it follows .to(device) and leaves the state_dict keys alone.
+        self.register_buffer("hadamard_signs", self._make_signs(device), persistent=False)
         self._hooks = None
         self.plan: LayerPlan | None = None
         if self.recipe.adaptive:
@@ -137,7 +141,12 @@ class AdaHOPLinear(nn.Linear):
         )
         layer.weight = linear.weight
         layer.bias = linear.bias
+        layer.hadamard_signs = layer._make_signs(linear.weight.device)
         return layer
+
+    def _make_signs(self, device) -> torch.Tensor | None:
+        r = self.recipe
+        return random_signs(r.hadamard_block_size, r.hadamard_seed, device) if r.hadamard_signs else None
 
     # ---- plan ---------------------------------------------------------------------------
     @property
@@ -153,15 +162,14 @@ class AdaHOPLinear(nn.Linear):
 
     def _maybe_freeze(self) -> None:
         n = self.recipe.calibration_steps
-        if all(self.votes.count(role) >= n for role in ("x", "w", "g")):
+        if all(self.votes.count(role) >= n for role in ROLES):
             self.set_plan(self.votes.plan(self.recipe.table))
 
     # ---- forward ------------------------------------------------------------------------
     def _gemm_config(self, seeds: torch.Tensor) -> GemmConfig:
         r = self.recipe
-        signs = random_signs(r.hadamard_block_size, r.hadamard_seed) if r.hadamard_signs else None
-        act = QuantSpec(r.fmt, r.block_size, r.scale_rule, r.rounding, r.hadamard_block_size, signs)
-        grad = QuantSpec(r.fmt, r.block_size, r.scale_rule, r.grad_rounding, r.hadamard_block_size, signs)
+        act = QuantSpec(r.fmt, r.block_size, r.scale_rule, r.rounding, r.hadamard_block_size, self.hadamard_signs)
+        grad = dataclasses.replace(act, rounding=r.grad_rounding)
         return GemmConfig(
             self.plan, act, grad, r.oe_k,
             dgrad_seed=seeds[0],
