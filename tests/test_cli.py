@@ -1,0 +1,33 @@
+"""The ``adahop`` dispatcher and the commands that need hardware this machine may not have."""
+
+import pytest
+import torch
+
+from adahop.cli import COMMANDS, main
+
+
+def test_help_lists_every_command(capsys):
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in COMMANDS)
+
+
+def test_unknown_command_is_a_clear_error(capsys):
+    assert main(["trian"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown command 'trian'" in err and "train" in err
+
+
+def test_bench_rejects_unknown_sections(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "--only", "gemm,speed"])
+    assert exc.value.code == 2
+    assert "speed" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a CPU-only machine")
+def test_bench_without_a_gpu_says_so(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "--only", "linear"])
+    assert exc.value.code == 2
+    assert "need a CUDA GPU" in capsys.readouterr().err
