@@ -17,10 +17,11 @@ SMOOTHING = 0.9  # EMA factor for the plotted train curves (raw curves drawn fai
 
 
 def _ema(values: list[float], beta: float = SMOOTHING) -> list[float]:
-    out, avg = [], None
-    for v in values:
-        avg = v if avg is None else beta * avg + (1 - beta) * v
-        out.append(avg)
+    """Exponential moving average, bias-corrected (as TensorBoard does) so it does not lag at the start."""
+    out, avg = [], 0.0
+    for t, v in enumerate(values, 1):
+        avg = beta * avg + (1 - beta) * v
+        out.append(avg / (1 - beta**t))
     return out
 
 

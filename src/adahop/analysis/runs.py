@@ -23,7 +23,7 @@ class RunRecord:
 
     @property
     def label(self) -> str:
-        return f"{self.recipe} ({self.path.name})"
+        return self.recipe if self.path.name == self.recipe else f"{self.recipe} ({self.path.name})"
 
     def final_train_loss(self, window: float = 0.1) -> float:
         """Mean train loss over the last ``window`` fraction of logged steps (noise-robust)."""
