@@ -163,6 +163,9 @@ class AdaHOPLinear(nn.Linear):
     def _maybe_freeze(self) -> None:
         n = self.recipe.calibration_steps
         if all(self.votes.count(role) >= n for role in ROLES):
+            if torch.distributed.is_available() and torch.distributed.is_initialized():
+                nccl = torch.distributed.get_backend() == "nccl"
+                self.votes.all_reduce(self.weight.device if nccl else "cpu")  # one plan on every replica
             self.set_plan(self.votes.plan(self.recipe.table))
 
     # ---- forward ------------------------------------------------------------------------

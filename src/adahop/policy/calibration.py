@@ -36,7 +36,8 @@ class PatternVotes:
     """Counts of the patterns seen for X ("x"), W ("w") and dY ("g") of one layer.
 
     Ties in :meth:`majority` go to the tied pattern seen most recently: the first steps (near
-    initialisation) are the least representative of the rest of training.
+    initialisation) are the least representative of the rest of training; a pattern never seen
+    loses, and a full tie goes to the first in ``PATTERNS``, so the result is deterministic.
     """
 
     def __init__(self) -> None:
@@ -59,7 +60,20 @@ class PatternVotes:
         if self.count(role) == 0:
             raise ValueError(f"no {role!r} votes: the recorder saw no training step (model.train(), grad enabled?)")
         counts, last_seen = self._counts[role], self._last_seen[role]
-        return max(counts, key=lambda p: (counts[p], last_seen[p]))
+        return max(PATTERNS, key=lambda p: (counts[p], last_seen.get(p, 0)))
+
+    def all_reduce(self, device: torch.device | str = "cpu", group=None) -> None:
+        """Merge the votes of every rank (counts summed, latest sighting kept) so that all
+        data-parallel replicas freeze the same plan. A collective: every rank must call it."""
+        import torch.distributed as dist
+
+        counts = torch.tensor([[self._counts[r][p] for p in PATTERNS] for r in ROLES], device=device)
+        seen = torch.tensor([[self._last_seen[r].get(p, 0) for p in PATTERNS] for r in ROLES], device=device)
+        dist.all_reduce(counts, dist.ReduceOp.SUM, group=group)
+        dist.all_reduce(seen, dist.ReduceOp.MAX, group=group)
+        for i, role in enumerate(ROLES):
+            self._counts[role] = Counter({p: int(c) for p, c in zip(PATTERNS, counts[i].tolist()) if c})
+            self._last_seen[role] = {p: int(t) for p, t in zip(PATTERNS, seen[i].tolist()) if t}
 
     def plan(self, table: str | StrategyTable | Mapping = "lv1") -> LayerPlan:
         """The layer's frozen plan from the majority pattern of each tensor."""
