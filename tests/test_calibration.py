@@ -10,7 +10,7 @@ from torch import nn
 from adahop.policy import calibration
 from adahop.policy.calibration import ModelPlan, PatternRecorder, PatternVotes, attach_pattern_hooks
 from adahop.policy.patterns import detect_pattern
-from adahop.policy.strategies import LayerPlan, Strategy, plan_for_patterns
+from adahop.policy.strategies import LayerPlan, plan_for_patterns
 
 
 @pytest.fixture

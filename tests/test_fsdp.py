@@ -8,7 +8,6 @@ replica freezes the same plan even when the ranks see differently shaped data.
 
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch

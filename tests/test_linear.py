@@ -11,7 +11,7 @@ from adahop.gemm import QuantSpec, prepare_operand, tn_matmul
 from adahop.nn import AdaHOPLinear, convert_model, load_plan, model_plan
 from adahop.bench.common import saved_activation_bytes
 from adahop.nn.linear import draw_rounding_seeds
-from adahop.policy.strategies import LayerPlan, Strategy
+from adahop.policy.strategies import LayerPlan
 from adahop.transforms import hadamard_transform
 
 STRATEGIES = ["bf16", "mxfp4", "iht", "oe_left", "oe_right"]

@@ -6,7 +6,6 @@ standard library's ``json`` package (a 512-token BPE), so each takes a few secon
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 

@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from .cache import atomic_file, cache_dir, content_key
+from ..atomic import atomic_file
+from .cache import cache_dir, content_key
 from .corpus import stdlib_source
 from .sources import TextSource, parse_data_spec
 from .tokenizer import DEFAULT_VOCAB_SIZE, Tokenizer, load_tokenizer

@@ -13,7 +13,8 @@ from collections.abc import Iterable
 import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from .cache import atomic_file, cache_dir, content_key
+from ..atomic import atomic_file
+from .cache import cache_dir, content_key
 from .sources import TextSource, take_bytes
 
 EOS_TOKEN = "<|endoftext|>"

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -19,6 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..atomic import atomic_file
 from .patterns import DEFAULT_THRESHOLD, PATTERNS, Pattern, check_pattern, detect_pattern
 from .strategies import GEMMS, ROLES, LayerPlan, StrategyTable, plan_for_patterns
 
@@ -193,17 +193,8 @@ class ModelPlan(Mapping[str, LayerPlan]):
 
     def save(self, path: str | os.PathLike) -> None:
         """Write atomically: a reader never sees a half-written plan."""
-        path = Path(path)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(self.to_json())
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        with atomic_file(path) as f:
+            f.write(self.to_json().encode())
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> ModelPlan:

@@ -19,7 +19,6 @@ containers and tensors are stored, so loading uses ``weights_only=True``.
 
 from __future__ import annotations
 
-import os
 import random
 import re
 from pathlib import Path
@@ -28,6 +27,8 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+
+from ..atomic import atomic_file
 
 CHECKPOINT_FORMAT = 1
 CHECKPOINT_DIR = "checkpoints"
@@ -102,32 +103,11 @@ def training_state(
     }
 
 
-def _fsync_dir(directory: Path) -> None:
-    """Make a rename in ``directory`` durable (a no-op where directories cannot be opened)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
     """Write ``state`` to ``path`` atomically: temporary file, fsync, rename."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    _fsync_dir(path.parent)
+    with atomic_file(path) as f:
+        torch.save(state, f)
     return path
 
 

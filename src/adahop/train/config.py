@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from ..data import EMBEDDED_SOURCE
-from ..models import MODEL_PRESETS, ModelArgs, get_model_args
+from ..models import ModelArgs, get_model_args
 from ..recipes import Recipe, get_recipe
 
 DEVICES = ("auto", "cpu", "cuda")
