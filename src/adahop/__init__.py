@@ -6,9 +6,12 @@ The layers, from numbers up:
 - ``adahop.transforms``  block Hadamard transforms
 - ``adahop.policy``      outlier patterns, strategy tables, calibration and frozen plans
 - ``adahop.gemm``        one GEMM under a strategy: operand preparation and the product
+- ``adahop.ops``         torch.library custom ops: reference anywhere, Triton kernels on CUDA
 - ``adahop.kernels``     Triton kernels, tested bit-for-bit against the reference
 - ``adahop.nn``          ``AdaHOPLinear`` and ``convert_model``
 - ``adahop.recipes``     ``Recipe``: every knob, registered by name
+- ``adahop.models``, ``adahop.data``, ``adahop.train``   the trainer behind ``adahop train``
+- ``adahop.analysis``, ``adahop.bench``   ``adahop compare`` / ``analyze`` / ``bench``
 """
 
 from .formats import MXTensor, quantize_mx
