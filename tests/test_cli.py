@@ -31,3 +31,22 @@ def test_bench_without_a_gpu_says_so(capsys):
         main(["bench", "--only", "linear"])
     assert exc.value.code == 2
     assert "need a CUDA GPU" in capsys.readouterr().err
+
+
+def test_bench_summary_renders_committed_h200_results():
+    """The markdown summary of ``adahop bench``, fed with the JSON of real H200 runs."""
+    import json
+    from pathlib import Path
+
+    from adahop.bench import summary_markdown
+
+    results = Path(__file__).parent.parent / "benchmarks" / "results"
+    gemm = json.loads((results / "2026-12-02-h200-gemm.json").read_text())
+    linear = json.loads((results / "2026-12-02-h200-linear.json").read_text())
+    report = {**{k: linear[k] for k in ("gpu", "torch", "triton", "cuda", "python", "date")}}
+    report |= {"gemm": gemm, "gemm_speedup_vs_bf16": gemm["gemm_speedup_vs_bf16"], "linear": linear["linear"]}
+    report["linear_fwd_bwd_speedup_vs_bf16"] = linear["linear_fwd_bwd_speedup_vs_bf16"]
+    text = summary_markdown(report)
+    assert f"| {gemm['gemm_speedup_vs_bf16']:.2f} |" in text
+    assert "| 16384, 14336, 4096 |" in text
+    assert "| w2 | lv2_calibrated |" in text
