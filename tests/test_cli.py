@@ -47,6 +47,6 @@ def test_bench_summary_renders_committed_h200_results():
     report |= {"gemm": gemm, "gemm_speedup_vs_bf16": gemm["gemm_speedup_vs_bf16"], "linear": linear["linear"]}
     report["linear_fwd_bwd_speedup_vs_bf16"] = linear["linear_fwd_bwd_speedup_vs_bf16"]
     text = summary_markdown(report)
-    assert f"| {gemm['gemm_speedup_vs_bf16']:.2f} |" in text
+    assert f"| {gemm['gemm_speedup_vs_bf16']:.3f} |" in text
     assert "| 16384, 14336, 4096 |" in text
     assert "| w2 | lv2_calibrated |" in text

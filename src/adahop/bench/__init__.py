@@ -35,11 +35,11 @@ def summary_markdown(report: dict) -> str:
     ]
     for section, (key, what) in HEADLINES.items():
         if key in report:
-            lines.append(f"| {what} (`{key}`) | {report[key]:.2f} |")
+            lines.append(f"| {what} (`{key}`) | {report[key]:.3f} |")
     if "saved_activation_compression" in report:
         lines.append(
             "| saved activations, BF16 / AdaHOP, calibrated lv2 mix (`saved_activation_compression`) | "
-            f"{report['saved_activation_compression']:.2f} |"
+            f"{report['saved_activation_compression']:.3f} |"
         )
     if "gemm" in report:
         from .gemm import ROUTES
