@@ -13,6 +13,7 @@ import torch
 
 from adahop import quantize_mx
 from adahop.formats import philox
+from adahop.formats.elements import E2M1, E4M3, element_quantum, round_to_element
 
 ML_DTYPES = {
     "mxfp4": ml_dtypes.float4_e2m1fn,
@@ -170,6 +171,20 @@ def test_stochastic_rounding_is_unbiased_and_reproducible():
     assert (mean - x.double()).abs().mean() < rn_err / 10
 
 
+@pytest.mark.parametrize("fmt", (E2M1, E4M3))
+def test_stochastic_rounding_adds_the_noise_exactly(fmt):
+    """floor(|v| / quantum + noise) in exact (float64) arithmetic, float32 inputs with all 24 bits."""
+    gen = torch.Generator().manual_seed(1)
+    v = (torch.rand(1 << 16, generator=gen) * fmt.max_normal).float()
+    v[:4] = torch.tensor([0.7500001, 1.9999999, 3.4999998, 1e-30])  # sums just below an integer
+    noise = torch.randint(0, 1 << 16, v.shape, generator=gen).float() / 2**16
+    noise[:4] = 1 - 2**-16
+    got = round_to_element(v, fmt, noise).double()
+    quantum = element_quantum(v, fmt).double()
+    want = torch.clamp(torch.floor(v.double() / quantum + noise.double()) * quantum, max=fmt.max_normal)
+    assert torch.equal(got, want)
+
+
 def test_stochastic_rounding_values_straddle_the_grid():
     x = torch.full((1, 32), 2.4)
     x[0, 0] = 4.0
@@ -199,13 +214,16 @@ def test_philox_matches_published_known_answer():
 
 
 @pytest.mark.parametrize("seed", [0, 7, 2**40 + 3, 2**64 - 1])
-def test_uniform_uses_all_four_philox_words_in_order(seed):
-    offsets = torch.tensor([0, 1, 2, 3, 4, 5, 2**32 + 1, 2**34 - 1, 2**40 + 6, 2**62 + 3])
-    counters = (offsets // 4).numpy().astype(np.uint64)
+def test_noise_uses_both_halves_of_all_four_philox_words_in_order(seed):
+    offsets = torch.tensor([0, 1, 2, 3, 4, 5, 6, 7, 8, 2**32 + 1, 2**34 - 1, 2**40 + 6, 2**62 + 3])
+    o = offsets.numpy().astype(np.uint64)
+    counters = o // np.uint64(8)
     ctr = np.zeros((len(counters), 4), dtype=np.uint64)
     ctr[:, 0], ctr[:, 1] = counters & np.uint64(0xFFFFFFFF), counters >> np.uint64(32)
-    words = numpy_philox4x32_10(seed, ctr)[np.arange(len(counters)), (offsets % 4).numpy()]
-    want = (words >> np.uint64(8)).astype(np.float64) / 2**24
+    words = numpy_philox4x32_10(seed, ctr)[np.arange(len(o)), ((o // np.uint64(2)) % np.uint64(4)).astype(int)]
+    halves = (words >> (np.uint64(16) * (o % np.uint64(2)))) & np.uint64(0xFFFF)
+    assert np.array_equal(philox.noise_bits(seed, offsets).numpy().astype(np.uint64), halves)
+    want = halves.astype(np.float64) / 2**16
     assert np.array_equal(philox.uniform(seed, offsets).numpy().astype(np.float64), want)
 
 
@@ -213,15 +231,16 @@ def test_uniform_noise_statistics():
     """Mean, variance and neighbour correlations of 2**20 draws within 5 standard errors."""
     n = 1 << 20
     u = philox.uniform(12345, torch.arange(n)).double()
-    assert torch.equal(u * 2**24, torch.floor(u * 2**24)) and 0 <= u.min() and u.max() < 1
+    assert torch.equal(u * 2**16, torch.floor(u * 2**16)) and 0 <= u.min() and u.max() < 1
     assert abs(u.mean().item() - 0.5) < 5 * math.sqrt(1 / 12 / n)
     assert abs(u.var().item() - 1 / 12) < 5 * math.sqrt((1 / 80 - 1 / 144) / n)
     c = u - 0.5
-    words = c.view(-1, 4)
+    calls = c.view(-1, 8)
     pairs = {
         "lag 1": (c[:-1], c[1:]),
-        "same call": (words[:, 0], words[:, 1]),  # words of one Philox call
-        "next call": (words[:-1, 3], words[1:, 0]),
+        "same word": (calls[:, 0], calls[:, 1]),  # the two halves of one Philox word
+        "same call": (calls[:, 1], calls[:, 2]),  # neighbouring words of one call
+        "next call": (calls[:-1, 7], calls[1:, 0]),
         "next seed": (c, philox.uniform(12346, torch.arange(n)).double() - 0.5),
     }
     for name, (a, b) in pairs.items():

@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from adahop.formats import ELEMENT_FORMATS, SCALE_RULES, MXTensor, philox, quantize_mx
-from adahop.kernels.mx_math import philox_uniform
+from adahop.kernels.mx_math import philox_noise
 from adahop.kernels.quantize import (
     QuantizeTiling,
     quantize_mx_triton,
@@ -77,6 +77,26 @@ def test_input_dtypes_odd_shapes_and_small_tiles(dtype, axis):
     check(hard_matrix(45, 77, dtype), axis=axis, tiling=SMALL_TILES)
 
 
+@pytest.mark.parametrize("rounding", ("nearest", "stochastic"))
+def test_every_bfloat16_bit_pattern(rounding):
+    """All 65536 bfloat16 values (NaN and Inf blocks included), in rows and in columns."""
+    x = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    x = x.view(256, 256)
+    for axis in (-1, 0):
+        check(x, axis=axis, rounding=rounding, seed=3)
+
+
+def test_e2m1_ties_and_their_neighbours():
+    """Every E2M1 midpoint, exactly and one float32 ulp either side, under a block scale of 1."""
+    mids = torch.arange(0, 33, dtype=torch.float32) / 4  # 0, 0.25, ..., 8 (every quarter)
+    around = torch.stack((mids.nextafter(torch.tensor(-1.0)), mids, mids.nextafter(torch.tensor(9.0))), 1)
+    vals = around.flatten()[1:-1]  # 97 values in [0, 8)
+    vals = torch.cat((vals, -vals))
+    blocks = vals[: len(vals) // 31 * 31].view(-1, 31)
+    x = torch.cat((torch.full((len(blocks), 1), 4.0), blocks), 1)  # amax 4 -> scale 2**0
+    check(x.contiguous())
+
+
 def test_saturating_blocks_and_strided_input():
     x = hard_matrix(64, 96)
     x[:, 10] = 7.9 * torch.exp2(torch.arange(64.0) - 32)  # lands in (6, 8) after a floor scale
@@ -109,17 +129,17 @@ def test_stochastic_rounding_is_seeded():
 
 
 @triton.jit
-def _philox_uniform_kernel(out_ptr, offsets_ptr, seed, N: tl.constexpr):
+def _philox_noise_kernel(out_ptr, offsets_ptr, seed, N: tl.constexpr):
     i = tl.arange(0, N)
-    tl.store(out_ptr + i, philox_uniform(seed, tl.load(offsets_ptr + i)))
+    tl.store(out_ptr + i, philox_noise(seed, tl.load(offsets_ptr + i)).to(tl.int32))
 
 
 def test_philox_noise_beyond_32_bit_offsets():
     offsets = [0, 1, 2**31, 2**32 - 1, 2**32, 2**32 + 7, 2**40 + 3, 2**33]
     offsets = torch.tensor(offsets, device=DEVICE)
-    out = torch.empty(len(offsets), device=DEVICE)
-    _philox_uniform_kernel[(1,)](out, offsets, 1234, N=len(offsets))
-    assert torch.equal(out.cpu(), philox.uniform(1234, offsets.cpu()))
+    out = torch.empty(len(offsets), dtype=torch.int32, device=DEVICE)
+    _philox_noise_kernel[(1,)](out, offsets, 1234, N=len(offsets))
+    assert torch.equal(out.cpu().long(), philox.noise_bits(1234, offsets.cpu()))
 
 
 @pytest.mark.parametrize("hadamard_block_size", HADAMARD_BLOCK_SIZES)

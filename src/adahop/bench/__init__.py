@@ -1,8 +1,9 @@
 """``adahop bench``: GPU benchmarks, each a ratio to its baseline measured in the same run.
 
 Sections: ``gemm`` (MXFP4 GEMM routes vs cuBLAS BF16 at the Llama-3-8B shapes), ``quantize``
-(fused quantizer bandwidth vs a device copy) and ``linear`` (AdaHOPLinear forward+backward and
-saved activations vs BF16 ``nn.Linear``). Writes ``<out>.json`` and a ``<out>.md`` summary.
+(fused quantizer bandwidth vs a device copy), ``linear`` (AdaHOPLinear forward+backward and
+saved activations vs BF16 ``nn.Linear``) and ``step`` (whole training steps of a Llama per recipe
+vs BF16, with a profile). Writes ``<out>.json`` and a ``<out>.md`` summary.
 """
 
 from __future__ import annotations
@@ -14,12 +15,19 @@ from pathlib import Path
 
 from .common import environment
 
-SECTIONS = ("gemm", "quantize", "linear")
+SECTIONS = ("gemm", "quantize", "linear", "step")
 # The headline figure of each section, as the issue names it.
 HEADLINES = {
     "gemm": ("gemm_speedup_vs_bf16", "MXFP4 GEMM (auto route) vs cuBLAS BF16, geomean of 4 shapes"),
     "quantize": ("quantize_fraction_of_copy_bw", "fused quantizer, fraction of copy bandwidth"),
     "linear": ("linear_fwd_bwd_speedup_vs_bf16", "AdaHOPLinear fwd+bwd, calibrated lv2 mix vs nn.Linear"),
+    "step": ("train_step_speedup_vs_bf16", "llama3_1b training step, adahop_lv2 vs bf16 (tokens/s)"),
+}
+# Further figures a section reports next to its headline.
+EXTRA_FIGURES = {
+    "saved_activation_compression": "saved activations, BF16 / AdaHOP, calibrated lv2 mix",
+    "linear_fwd_bwd_speedup_vs_bf16_lv1": "AdaHOPLinear fwd+bwd, calibrated lv1 mix vs nn.Linear",
+    "saved_activation_compression_lv1": "saved activations, BF16 / AdaHOP, calibrated lv1 mix",
 }
 
 
@@ -36,11 +44,9 @@ def summary_markdown(report: dict) -> str:
     for section, (key, what) in HEADLINES.items():
         if key in report:
             lines.append(f"| {what} (`{key}`) | {report[key]:.3f} |")
-    if "saved_activation_compression" in report:
-        lines.append(
-            "| saved activations, BF16 / AdaHOP, calibrated lv2 mix (`saved_activation_compression`) | "
-            f"{report['saved_activation_compression']:.3f} |"
-        )
+    for key, what in EXTRA_FIGURES.items():
+        if key in report:
+            lines.append(f"| {what} (`{key}`) | {report[key]:.3f} |")
     if "gemm" in report:
         from .gemm import ROUTES
 
@@ -61,6 +67,16 @@ def summary_markdown(report: dict) -> str:
             for name, p in row["plans"].items():
                 lines.append(f"| {kind} | {name} | {p['speedup_vs_bf16']:.2f}x | "
                              f"{p['saved_activation_compression']:.2f}x |")
+    if "step" in report:
+        step = report["step"]
+        lines += ["", f"Training steps of `{step['preset']}` ({step['batch']} x {step['seq_len']} tokens, "
+                  "bf16 autocast, fused AdamW), timed after calibration; CUDA ms of one profiled step by "
+                  "kernel family:", "", "| recipe | tokens/s | vs bf16 | peak GiB | CUDA ms by family |",
+                  "|---|---|---|---|---|"]
+        for name, r in step["recipes"].items():
+            fams = ", ".join(f"{f} {ms:.1f}" for f, ms in r["profile"]["families_ms"].items())
+            lines.append(f"| {name} | {r['tokens_per_s']:,.0f} | {r['speedup_vs_bf16']:.2f}x | "
+                         f"{r['peak_memory_gib']:.1f} | {fams} |")
     return "\n".join(lines) + "\n"
 
 
@@ -82,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     for section in sections:
         result = importlib.import_module(f"{__name__}.{section}").run()
         report[section] = result
-        for key in (HEADLINES[section][0], "saved_activation_compression"):
+        for key in (HEADLINES[section][0], *EXTRA_FIGURES):
             if key in result:
                 report[key] = result[key]
         print(f"{section}: " + ", ".join(f"{k}={result[k]:.3f}" for k in result if isinstance(result[k], float)))

@@ -100,7 +100,7 @@ def run(rows: int = 16384, cols: int = 4096, hadamard_block_size: int = 32, swee
         raise ValueError(f"rows must be a multiple of {WARMUP_ROWS}")
     device = torch.device("cuda")
     settings = list(itertools.product(ORIENTATIONS, (None, hadamard_block_size), ROUNDINGS))
-    candidates = {s: TILINGS if sweep else (default_tiling(s[0], device),) for s in settings}
+    candidates = {s: TILINGS if sweep else (default_tiling(s[0], device, bool(s[1])),) for s in settings}
     compile_all(cols, [(*s, t) for s in settings for t in candidates[s]])
 
     x = torch.randn(rows, cols, device=device, dtype=torch.bfloat16)

@@ -12,6 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
+from .philox import NOISE_BITS
+
+NOISE_SCALE = float(2**NOISE_BITS)  # stochastic-rounding noise is n / NOISE_SCALE, n an integer
 
 @dataclass(frozen=True)
 class ElementFormat:
@@ -56,14 +59,20 @@ def round_to_element(
     """Round float32 ``v`` (already divided by the block scale) onto ``fmt``'s grid.
 
     ``noise is None``: round-to-nearest-even. Otherwise stochastic rounding,
-    ``floor(|v| / quantum + noise) * quantum`` with ``noise`` uniform in [0, 1),
-    which is unbiased below the saturation point. Both saturate at ``max_normal``;
-    the sign is kept (so tiny negatives become -0).
+    ``floor(|v| / quantum + noise) * quantum`` with ``noise`` uniform on the ``2**-16`` grid
+    in [0, 1) (``formats.philox``), which is unbiased below the saturation point to within
+    ``2**-16`` quanta. The sum is exact: ``floor(s + n / 2**16) = floor((floor(s * 2**16) + n)
+    / 2**16)`` for an integer ``n``, and every step of the right side is exact in float32.
+    Both modes saturate at ``max_normal``; the sign is kept (so tiny negatives become -0).
     """
     a = v.abs()
     quantum = element_quantum(a, fmt)
     steps = a / quantum
-    steps = torch.round(steps) if noise is None else torch.floor(steps + noise)
+    if noise is None:
+        steps = torch.round(steps)
+    else:
+        fixed = torch.floor(steps * NOISE_SCALE) + noise * NOISE_SCALE  # integers below 2**21
+        steps = torch.floor(fixed / NOISE_SCALE)
     q = torch.clamp(steps * quantum, max=fmt.max_normal)
     return torch.copysign(q, v)
 

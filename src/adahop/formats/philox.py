@@ -2,17 +2,20 @@
 
 ``uniform(seed, offsets)`` is Philox4x32-10 (Salmon et al., SC'11: the generator behind
 cuRAND's default and Triton's ``tl.philox``) keyed by the 64-bit ``seed``. One call turns a
-128-bit counter into four 32-bit words, and all four are used: the element at ``offset`` takes
-word ``offset % 4`` of the call with counter ``(offset // 4, 0, 0, 0)``, as cuRAND's
-``curand_uniform4`` does. A kernel therefore runs one Philox call per four neighbouring
-elements (a quarter of the 10 rounds' work per element). The statistics are Philox's own: its
-output stream, all four words of consecutive counters, passes TestU01's BigCrush (Salmon et al.,
-Table 2), so neighbours that share a call are as independent as neighbours that do not.
+128-bit counter into four 32-bit words, 128 random bits, and each element takes 16 of them: the
+element at ``offset`` takes half ``offset % 2`` (low half first) of word ``(offset // 2) % 4`` of
+the call with counter ``(offset // 8, 0, 0, 0)``. A kernel therefore runs one Philox call per
+eight neighbouring elements (an eighth of the 10 rounds' work per element; the rounds were most
+of the cost of stochastic rounding). The statistics are Philox's own: its output stream, all
+bits of consecutive counters, passes TestU01's BigCrush (Salmon et al., Table 2), so neighbours
+that share a call are as independent as neighbours that do not.
 
-A word maps to [0, 1) as ``(bits >> 8) * 2**-24``: 24 random bits, an exact float32.
-A Triton kernel that applies the same mapping to ``tl.philox`` at the same counters draws
-bit-identical noise, which makes stochastic rounding testable bit for bit and resumable from a
-checkpoint.
+Why 16 bits are enough: stochastic rounding to a grid needs the probability
+``frac(|v| / quantum)``, and with noise on a ``2**-16`` grid that probability is resolved to
+``2**-16`` of a grid step, a bias below ``2**-16`` quanta (0.0015% of an E2M1 step) that
+``formats.elements.round_to_element`` makes exact (no float32 rounding of the sum). A Triton
+kernel that takes the same bits of ``tl.philox`` at the same counters draws bit-identical noise,
+which makes stochastic rounding testable bit for bit and resumable from a checkpoint.
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ PHILOX_ROUND_A = 0xD2511F53
 PHILOX_ROUND_B = 0xCD9E8D57
 PHILOX_ROUNDS = 10
 WORDS_PER_CALL = 4
-UNIFORM_BITS = 24
+NOISE_BITS = 16
+VALUES_PER_WORD = 32 // NOISE_BITS
+VALUES_PER_CALL = WORDS_PER_CALL * VALUES_PER_WORD
 _MASK32 = 0xFFFFFFFF
 
 
@@ -59,9 +64,15 @@ def philox4x32(seed: int, counters: torch.Tensor) -> torch.Tensor:
     return torch.stack((c0, c1, c2, c3), dim=-1)
 
 
-def uniform(seed: int, offsets: torch.Tensor) -> torch.Tensor:
-    """float32 noise in [0, 1) with 24 random bits, one value per (non-negative) offset."""
+def noise_bits(seed: int, offsets: torch.Tensor) -> torch.Tensor:
+    """``NOISE_BITS`` random bits (int64 in [0, 2**16)) per (non-negative) offset."""
     offsets = offsets.to(torch.int64)
-    words = philox4x32(seed, offsets // WORDS_PER_CALL)
-    bits = words.gather(-1, (offsets % WORDS_PER_CALL).unsqueeze(-1)).squeeze(-1)
-    return (bits >> (32 - UNIFORM_BITS)).to(torch.float32) * (2.0**-UNIFORM_BITS)
+    words = philox4x32(seed, offsets // VALUES_PER_CALL)
+    word = (offsets // VALUES_PER_WORD) % WORDS_PER_CALL
+    bits = words.gather(-1, word.unsqueeze(-1)).squeeze(-1)
+    return (bits >> (NOISE_BITS * (offsets % VALUES_PER_WORD))) & ((1 << NOISE_BITS) - 1)
+
+
+def uniform(seed: int, offsets: torch.Tensor) -> torch.Tensor:
+    """float32 noise in [0, 1) on the ``2**-16`` grid, one value per (non-negative) offset."""
+    return noise_bits(seed, offsets).to(torch.float32) * (2.0**-NOISE_BITS)

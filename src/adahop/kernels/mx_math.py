@@ -18,8 +18,9 @@ F32_INF_BITS = tl.constexpr(0x7F800000)
 E8M0_NAN = tl.constexpr(255)
 # Adding 1.5 * 2**23 (bits 0x4B400000) rounds a float32 in [0, 2**22) to an integer, ties to even.
 RNE_MAGIC_BITS = tl.constexpr(0x4B400000)
-UNIFORM_SHIFT = tl.constexpr(8)  # keep the top 24 bits of a Philox word (adahop.formats.philox)
-UNIFORM_STEP = tl.constexpr(5.9604644775390625e-08)  # 2**-24
+RNE_MAGIC = tl.constexpr(12582912.0)  # the same constant as a float: 1.5 * 2**23
+NOISE_BITS = tl.constexpr(16)  # random bits per element, two per Philox word (adahop.formats.philox)
+NOISE_MASK = tl.constexpr(0xFFFF)
 
 
 @triton.jit
@@ -62,6 +63,13 @@ def walsh_hadamard_butterfly(v, STAGES: tl.constexpr):
 
 
 @triton.jit
+def max_keeping_nan(a, b):
+    """``max`` that returns NaN if either side is NaN (a block holding a NaN must become NaN);
+    with ``tl.abs`` applied first, one instruction per element on the GPU."""
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
 def exponent_field(bits):
     """Unbiased float32 exponent of non-negative bit patterns (int32); subnormals read -127."""
     return ((bits >> F32_MBITS) & 0xFF).to(tl.int32) - F32_BIAS
@@ -92,12 +100,6 @@ def exp2_int(e):
 
 
 @triton.jit
-def uniform_from_bits(bits):
-    """[0, 1) noise from 32-bit random words: the top 24 bits, exactly as ``formats.philox``."""
-    return (bits >> UNIFORM_SHIFT).to(tl.float32) * UNIFORM_STEP
-
-
-@triton.jit
 def _philox_words(seed, counters):
     """Philox4x32-10 of int64 counters ``(counter mod 2**32, counter >> 32, 0, 0)``."""
     zero = counters.to(tl.uint32) * 0
@@ -105,29 +107,30 @@ def _philox_words(seed, counters):
 
 
 @triton.jit
-def philox_uniform(seed, offsets):
-    """Noise at int64 ``offsets``, bit-identical to ``formats.philox.uniform(seed, offsets)``.
+def philox_noise(seed, offsets):
+    """16-bit noise (uint32) at int64 ``offsets``, equal to ``formats.philox.noise_bits``.
 
-    One Philox call per element (word ``offset % 4`` of counter ``offset // 4``); for runs of
-    four offsets that share a call, ``philox_uniform_runs`` is four times cheaper.
+    One Philox call per element (half ``offset % 2`` of word ``(offset // 2) % 4`` of counter
+    ``offset // 8``); for runs of eight offsets that share a call, ``philox_noise_runs`` is
+    eight times cheaper.
     """
-    w0, w1, w2, w3 = _philox_words(seed, offsets >> 2)
-    word = offsets & 3
+    w0, w1, w2, w3 = _philox_words(seed, offsets >> 3)
+    word = (offsets >> 1) & 3
     bits = tl.where(word < 2, tl.where(word == 0, w0, w1), tl.where(word == 2, w2, w3))
-    return uniform_from_bits(bits)
+    return (bits >> ((offsets & 1) * NOISE_BITS).to(tl.uint32)) & NOISE_MASK
 
 
 @triton.jit
-def philox_uniform_runs(seed, counters):
-    """Noise ``[R, 4 * G]`` for the offsets ``4 * counters + (0, 1, 2, 3)`` of int64 ``counters [R, G]``.
+def philox_noise_runs(seed, counters):
+    """16-bit noise ``[R, 8 * G]`` for the offsets ``8 * counters + (0, ..., 7)`` of ``counters [R, G]``.
 
-    Each Philox call's four words go to four neighbouring elements, in order.
+    Each Philox call's four words go to eight neighbouring elements, low half first.
     """
     R: tl.constexpr = counters.shape[0]
     G: tl.constexpr = counters.shape[1]
     w0, w1, w2, w3 = _philox_words(seed, counters)
-    words = tl.join(tl.join(w0, w2), tl.join(w1, w3))  # [R, G, 2, 2] = w0 w1 w2 w3 row-major
-    return uniform_from_bits(tl.reshape(words, [R, 4 * G]))
+    words = tl.reshape(tl.join(tl.join(w0, w2), tl.join(w1, w3)), [R, 4 * G])  # w0 w1 w2 w3
+    return tl.reshape(tl.join(words & NOISE_MASK, words >> NOISE_BITS), [R, 8 * G])
 
 
 @triton.jit
@@ -136,7 +139,8 @@ def encode_elements(y, noise, limit, sign_weight, STOCHASTIC: tl.constexpr, MBIT
     """Element codes (uint32) of finite float32 ``y`` already divided by the block scale.
 
     Rounds ``|y| / quantum`` to an integer number of steps (nearest-even, or ``floor(steps +
-    noise)``) exactly as ``formats.elements.round_to_element`` and reads the code off directly:
+    noise / 2**16)`` for 16-bit integer ``noise``) exactly as
+    ``formats.elements.round_to_element`` and reads the code off directly:
     ``((e - emin) << mbits) + steps``, where a carry out of the mantissa moves into the exponent.
     The magnitude saturates at ``limit`` (the code of ``max_normal``; 0 zeroes a NaN/Inf block)
     and the sign bit adds ``sign_weight``. Written with shifts, adds and multiplies, which the
@@ -147,17 +151,42 @@ def encode_elements(y, noise, limit, sign_weight, STOCHASTIC: tl.constexpr, MBIT
     # Biased exponent of the binade whose grid spacing applies (subnormals share emin's).
     binade = tl.maximum((bits << 1) >> (F32_MBITS + 1), EMIN + F32_BIAS)
     # (a constexpr on the left of a tensor stays a constexpr in the interpreter)
-    top = tl.full(binade.shape, MBITS + 2 * F32_BIAS, tl.uint32)
-    inv_quantum = ((top - binade) << F32_MBITS).to(tl.float32, bitcast=True)  # 2**(mbits - e)
     first_code = (binade - (EMIN + F32_BIAS)) << MBITS  # the code of 2**e
     if STOCHASTIC:
-        # |y| * inv_quantum is exact, so the fused multiply-add rounds only the sum, as torch does.
-        code = (tl.abs(y) * inv_quantum + noise).to(tl.uint32) + first_code  # truncation is floor
+        # Steps in 16.16 fixed point, truncated (exact: a power-of-two multiply, then floor);
+        # adding the integer noise and dropping 16 bits is the exact floor(steps + noise).
+        top = tl.full(binade.shape, MBITS + NOISE_BITS + 2 * F32_BIAS, tl.uint32)
+        fixed_scale = ((top - binade) << F32_MBITS).to(tl.float32, bitcast=True)  # 2**(mbits-e+16)
+        fixed = (tl.abs(y) * fixed_scale).to(tl.uint32)
+        code = ((fixed + noise) >> NOISE_BITS) + first_code
     else:
+        top = tl.full(binade.shape, MBITS + 2 * F32_BIAS, tl.uint32)
+        inv_quantum = ((top - binade) << F32_MBITS).to(tl.float32, bitcast=True)  # 2**(mbits - e)
         # Adding 1.5 * 2**23 plus the even first_code rounds the steps to an integer, ties to even.
         magic = (first_code + RNE_MAGIC_BITS).to(tl.float32, bitcast=True)
         code = (tl.abs(y) * inv_quantum + magic).to(tl.uint32, bitcast=True) - RNE_MAGIC_BITS
     return tl.minimum(code, limit) + (bits >> 31) * sign_weight
+
+
+@triton.jit
+def encode_e2m1_nearest(y, limit, sign_weight):
+    """E2M1 codes (uint32) of finite float32 ``y`` already divided by the block scale, ties to even.
+
+    The same codes as ``encode_elements`` for MXFP4 with fewer integer operations (this
+    kernel's bottleneck). On ``|y| < 8`` the E2M1 code is a concave piecewise-linear function:
+    ``code = round(min(2|y|, |y| + 2, |y| / 2 + 4))`` (steps of 0.5 up to 2, of 1 up to 4, of 2
+    above), and an even code is an even mantissa, so ties to even carry over. Each line is
+    rounded by one fused multiply-add with the magic constant (the product is exact, the sum
+    rounds once); rounding is monotone, so the minimum of the rounded lines, taken on their bit
+    patterns (all in one binade), is the rounded minimum. ``limit`` saturates (7) or zeroes a
+    NaN/Inf block (0), whatever the lines gave there.
+    """
+    a = tl.abs(y)
+    line1 = (a * 2.0 + RNE_MAGIC).to(tl.uint32, bitcast=True)
+    line2 = (a + (RNE_MAGIC + 2.0)).to(tl.uint32, bitcast=True)
+    line3 = (a * 0.5 + (RNE_MAGIC + 4.0)).to(tl.uint32, bitcast=True)
+    code = tl.minimum(tl.minimum(line1, line2), line3) - RNE_MAGIC_BITS
+    return tl.minimum(code, limit) + (y.to(tl.uint32, bitcast=True) >> 31) * sign_weight
 
 
 @triton.jit

@@ -41,13 +41,15 @@ from ..transforms.hadamard import check_hadamard_args
 from .mx_math import (
     E8M0_NAN,
     F32_BIAS,
-    F32_INF_BITS,
     bf16_bits_to_float,
+    encode_e2m1_nearest,
     encode_elements,
+    F32_INF_BITS,
     exp2_int,
+    max_keeping_nan,
     pack_codes,
-    philox_uniform,
-    philox_uniform_runs,
+    philox_noise,
+    philox_noise_runs,
     round_to_bf16,
     shared_exponent,
     walsh_hadamard_butterfly,
@@ -79,19 +81,23 @@ class QuantizeTiling:
 
 # The interpreter pays milliseconds per program: give each one a large tile.
 INTERPRETER_TILING = QuantizeTiling(block_m=128, block_n=256, num_warps=1)
-# Per orientation, from the H200 sweep (adahop.bench.quantize, sweep=True). A column-wise
+# Per orientation and Hadamard, the fastest tiling of the H200 sweep
+# (benchmarks/results/2026-12-02-h200-quantize-sweep.json). Without Hadamard a column-wise
 # block must not span warps: Triton lays warps along the rows of a tile, and a reduction across
-# warps goes through shared memory (2.3x slower on the H200), so column-wise tiles take one warp.
+# warps goes through shared memory (4x slower there), so those tiles take one warp.
 CUDA_TILINGS = {
-    "rowwise": QuantizeTiling(block_m=32, block_n=128, num_warps=4),
-    "colwise": QuantizeTiling(block_m=32, block_n=32, num_warps=1),
-    "both": QuantizeTiling(block_m=32, block_n=32, num_warps=1),
+    ("rowwise", False): QuantizeTiling(block_m=64, block_n=128, num_warps=4),
+    ("rowwise", True): QuantizeTiling(block_m=32, block_n=128, num_warps=4),
+    ("colwise", False): QuantizeTiling(block_m=32, block_n=64, num_warps=1),
+    ("colwise", True): QuantizeTiling(block_m=32, block_n=128, num_warps=4),
+    ("both", False): QuantizeTiling(block_m=32, block_n=64, num_warps=1),
+    ("both", True): QuantizeTiling(block_m=32, block_n=128, num_warps=4),
 }
 
 
-def default_tiling(orientation: str, device: torch.device) -> QuantizeTiling:
+def default_tiling(orientation: str, device: torch.device, hadamard: bool = False) -> QuantizeTiling:
     """The tiling ``quantize_mx_triton`` uses for ``orientation`` ("rowwise", "colwise", "both")."""
-    return CUDA_TILINGS[orientation] if device.type == "cuda" else INTERPRETER_TILING
+    return CUDA_TILINGS[orientation, hadamard] if device.type == "cuda" else INTERPRETER_TILING
 
 
 @triton.jit
@@ -128,27 +134,36 @@ def _quantize_tile(
         v = tl.where(cols[None, :] < length, v, 0.0)  # padding is +0, as in the reference
 
     blocks = tl.reshape(v, [R, C // BLOCK_SIZE, BLOCK_SIZE])
-    # |v| << 1 orders like |v| as unsigned integers, with NaN above Inf.
-    amax2 = tl.max(blocks.to(tl.uint32, bitcast=True) << 1, axis=2)
-    finite = amax2 < (F32_INF_BITS << 1)  # NaN/Inf blocks: scale code 255, element codes 0
-    s = shared_exponent((amax2 >> 1).to(tl.int32), RULE, EMAX, MAX_NORMAL, MBITS)
+    if HADAMARD > 0:
+        # The butterfly leaves a block spread over lanes: an integer max reduces across a warp
+        # in one instruction (REDUX). |v| << 1 orders like |v| as unsigned, NaN above Inf.
+        amax2 = tl.max(blocks.to(tl.uint32, bitcast=True) << 1, axis=2)
+        finite = amax2 < (F32_INF_BITS << 1)
+        amax_bits = (amax2 >> 1).to(tl.int32)
+    else:  # a block sits in few lanes: one float max (|.| is free) per element
+        amax = tl.reduce(tl.abs(blocks), 2, max_keeping_nan)
+        finite = amax < float("inf")
+        amax_bits = amax.to(tl.int32, bitcast=True)
+    # NaN/Inf blocks (not finite) get scale code 255 and element codes 0.
+    s = shared_exponent(amax_bits, RULE, EMAX, MAX_NORMAL, MBITS)
     # s <= 126 for every finite float32 amax and format, so 2**-s is a normal number.
     scaled = blocks * exp2_int(-s)[:, :, None]
 
-    noise = 0.0
+    limit = tl.where(finite, MAX_CODE, 0).to(tl.uint32)[:, :, None]
+    sign_weight = tl.where(finite, 1 << (ELEMENT_BITS - 1), 0).to(tl.uint32)[:, :, None]
     if STOCHASTIC:
         row_offsets = rows.to(tl.int64) * padded_len
-        if BLOCK_SIZE % 4 == 0:  # runs of four elements share a Philox call
-            runs = (col_start + tl.arange(0, C // 4) * 4) // 4
-            noise = philox_uniform_runs(seed, row_offsets[:, None] // 4 + runs[None, :])
+        if BLOCK_SIZE % 8 == 0:  # runs of eight elements share a Philox call
+            runs = (col_start + tl.arange(0, C // 8) * 8) // 8
+            noise = philox_noise_runs(seed, row_offsets[:, None] // 8 + runs[None, :])
         else:
-            noise = philox_uniform(seed, row_offsets[:, None] + cols[None, :])
+            noise = philox_noise(seed, row_offsets[:, None] + cols[None, :])
         noise = tl.reshape(noise, [R, C // BLOCK_SIZE, BLOCK_SIZE])
-    limit = tl.where(finite, MAX_CODE, 0).to(tl.uint32)
-    sign_weight = tl.where(finite, 1 << (ELEMENT_BITS - 1), 0).to(tl.uint32)
-    codes = encode_elements(
-        scaled, noise, limit[:, :, None], sign_weight[:, :, None], STOCHASTIC, MBITS, EMIN
-    )
+        codes = encode_elements(scaled, noise, limit, sign_weight, True, MBITS, EMIN)
+    elif ELEMENT_BITS == 4:
+        codes = encode_e2m1_nearest(scaled, limit, sign_weight)
+    else:
+        codes = encode_elements(scaled, 0, limit, sign_weight, False, MBITS, EMIN)
     units = pack_codes(tl.reshape(codes, [R, C]), ELEMENT_BITS, CODES_PER_UNIT)
 
     row_ok = rows[:, None] < n_rows
@@ -265,7 +280,7 @@ def _quantize(
             check_hadamard_args(length, hb, signs)
     if tiling is None:
         orientation = "both" if rowwise and colwise else "rowwise" if rowwise else "colwise"
-        tiling = default_tiling(orientation, x.device)
+        tiling = default_tiling(orientation, x.device, bool(hb))
 
     efmt = ELEMENT_FORMATS[fmt]
     whole_blocks = max(block_size, hb)  # a tile's block axis holds whole MX and Hadamard blocks

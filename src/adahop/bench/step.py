@@ -1,0 +1,109 @@
+"""End-to-end training steps: tokens/s of a Llama per recipe against BF16, and where the time goes.
+
+The layer benchmark isolates the linear layers; this one runs whole optimizer steps (embedding,
+attention, norms, AdamW, the per-layer Python) the way ``adahop train`` does: fp32 master weights,
+bf16 autocast, fused AdamW, the embedded corpus. Adaptive recipes calibrate first; timing starts
+after every layer has frozen its plan. One step per recipe is profiled and its CUDA time split
+into kernel families, so a slowdown can be traced to what causes it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+import torch
+
+from ..nn import adahop_layers, convert_model
+
+PRESET = "llama3_1b"
+BATCH, SEQ_LEN = 4, 2048
+RECIPES = ("bf16", "mxfp4", "mxfp4_hadamard", "adahop_lv2")
+CALIBRATION_STEPS = 4  # forwards: enough to freeze a plan, not to judge its quality
+WARMUP_STEPS, TIMED_STEPS = 3, 10
+# Kernel families by name fragment, first match wins; the rest is "other".
+FAMILIES = (
+    ("quantize (Triton)", ("_quantize_mx_kernel",)),
+    ("fold (Triton)", ("_fold_kernel",)),
+    ("FP8 GEMM", ("f8", "fp8", "e4m3")),
+    ("attention", ("flash", "fmha", "attention", "sdpa")),
+    ("GEMM", ("gemm", "nvjet", "cutlass", "sm90_xmma", "matmul")),
+    ("optimizer", ("adam",)),
+    ("top-k / index", ("topk", "index", "gather", "scatter", "sort", "radix")),
+    ("norm / reduce", ("norm", "reduce")),
+    ("elementwise", ("elementwise", "vectorized", "unrolled")),
+)
+
+
+def family(kernel: str) -> str:
+    name = kernel.lower()
+    for label, keys in FAMILIES:
+        if any(k in name for k in keys):
+            return label
+    return "other"
+
+
+def _profile(step) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    by_family: dict[str, float] = defaultdict(float)
+    kernels = []
+    for evt in prof.key_averages():
+        ms = evt.device_time_total / 1e3
+        if ms <= 0:
+            continue
+        by_family[family(evt.key)] += ms
+        kernels.append({"name": evt.key[:120], "ms": ms, "calls": evt.count})
+    kernels.sort(key=lambda k: -k["ms"])
+    return {"families_ms": dict(sorted(by_family.items(), key=lambda kv: -kv[1])), "top_kernels": kernels[:12]}
+
+
+def run(preset: str = PRESET, recipes: tuple[str, ...] = RECIPES) -> dict:
+    """Tokens/s per recipe (timed after calibration) and a profile of one step of each."""
+    from ..data import BatchLoader, prepare_data
+    from ..models import build_model
+
+    data = prepare_data("stdlib", progress=False)
+    results: dict = {"preset": preset, "batch": BATCH, "seq_len": SEQ_LEN, "recipes": {}}
+    for recipe in recipes:
+        torch.manual_seed(0)
+        model = build_model(preset, vocab_size=data.tokenizer.vocab_size).cuda()
+        convert_model(model, {"name": recipe, "calibration_steps": CALIBRATION_STEPS})
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+        loader = BatchLoader(data.train, batch_size=BATCH, seq_len=SEQ_LEN, seed=0)
+
+        def step() -> None:
+            inputs, targets = (t.cuda(non_blocking=True) for t in next(loader))
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                _, loss = model(inputs, targets)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        for _ in range(CALIBRATION_STEPS + WARMUP_STEPS):
+            step()
+        assert not any(m.calibrating for m in adahop_layers(model).values()), "calibration did not finish"
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        start = time.perf_counter()
+        for _ in range(TIMED_STEPS):
+            step()
+        torch.cuda.synchronize()
+        seconds = (time.perf_counter() - start) / TIMED_STEPS
+        results["recipes"][recipe] = {
+            "tokens_per_s": BATCH * SEQ_LEN / seconds,
+            "step_ms": seconds * 1e3,
+            "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30,
+            "profile": _profile(step),
+        }
+        del model, opt
+        torch.cuda.empty_cache()
+    base = results["recipes"]["bf16"]["tokens_per_s"]
+    for r in results["recipes"].values():
+        r["speedup_vs_bf16"] = r["tokens_per_s"] / base
+    if "adahop_lv2" in results["recipes"]:
+        results["train_step_speedup_vs_bf16"] = results["recipes"]["adahop_lv2"]["speedup_vs_bf16"]
+    return results
