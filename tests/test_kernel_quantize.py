@@ -142,6 +142,17 @@ def test_philox_noise_beyond_32_bit_offsets():
     assert torch.equal(out.cpu().long(), philox.noise_bits(1234, offsets.cpu()))
 
 
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16, torch.float16))
+@pytest.mark.parametrize("rounding", ("nearest", "stochastic"))
+def test_rowwise_h32_kernel_odd_shapes_and_bad_values(dtype, rounding):
+    """The slice-per-thread row-wise H32 kernel: padding, partial tiles, NaN/Inf, subnormals, signs."""
+    for rows, cols in ((33, 96), (40, 512)):
+        x = hard_matrix(rows, cols, dtype)
+        for signs in (None, random_signs(32, seed=9)):
+            check(x, hadamard_block_size=32, signs=signs, rounding=rounding, seed=21)
+            check(x, SMALL_TILES, hadamard_block_size=32, signs=signs, rounding=rounding, seed=21)
+
+
 @pytest.mark.parametrize("hadamard_block_size", HADAMARD_BLOCK_SIZES)
 @pytest.mark.parametrize("with_signs", (False, True))
 def test_hadamard_rowwise_bf16(hadamard_block_size, with_signs):

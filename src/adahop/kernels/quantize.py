@@ -223,6 +223,104 @@ def _quantize_mx_kernel(
         )
 
 
+@triton.jit
+def _h32_slice(x_ptr, signs_ptr, offs, ok, k: tl.constexpr, INPUT_BF16: tl.constexpr, HAS_SIGNS: tl.constexpr):
+    """Slice ``k`` (elements 8k..8k+7 of each block) [R, NB, 8], after butterfly stages 1, 2, 4."""
+    R: tl.constexpr = offs.shape[0]
+    NB: tl.constexpr = offs.shape[1]
+    v = _to_float32(tl.load(x_ptr + offs + 8 * k, mask=ok, other=0), INPUT_BF16)
+    if HAS_SIGNS:
+        v = v * tl.load(signs_ptr + 8 * k + tl.arange(0, 8))[None, None, :]
+    return tl.reshape(walsh_hadamard_butterfly(tl.reshape(v, [R * NB, 8]), 3), [R, NB, 8])
+
+
+@triton.jit
+def _h32_finish(v, hadamard_scale, ROUND_TO: tl.constexpr, NATIVE_CASTS: tl.constexpr):
+    """Normalise a transformed slice and round it to the input dtype, as the reference does.
+
+    No padding to zero: a Hadamard needs a row length that is a multiple of 32, so a block is
+    either whole or wholly outside the row (loaded as zeros, never stored).
+    """
+    v = v * hadamard_scale
+    if ROUND_TO == "bf16":  # hadamard_transform returns the input dtype
+        v = round_to_bf16(v, NATIVE_CASTS)
+    elif ROUND_TO == "fp16":
+        v = v.to(tl.float16).to(tl.float32)
+    return v
+
+
+@triton.jit
+def _h32_store(v, inv_scale, limit, sign_weight, data_ptr, word_offs, ok, counters, seed,
+               STOCHASTIC: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr):
+    """Encode a slice's 8 elements and store them as one 32-bit word, first code lowest."""
+    R: tl.constexpr = v.shape[0]
+    NB: tl.constexpr = v.shape[1]
+    scaled = v * inv_scale
+    if STOCHASTIC:
+        noise = tl.reshape(philox_noise_runs(seed, counters), [R, NB, 8])
+        codes = encode_elements(scaled, noise, limit, sign_weight, True, MBITS, EMIN)
+    else:
+        codes = encode_e2m1_nearest(scaled, limit, sign_weight)
+    tl.store(data_ptr + word_offs, tl.sum(codes << (tl.arange(0, 8) * 4)[None, None, :], axis=2), mask=ok)
+
+
+@triton.jit
+def _quantize_rows_h32_kernel(
+    x_ptr, signs_ptr, data_ptr, scale_ptr, M, N, stride_m, n_padded, seed, hadamard_scale,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INPUT_BF16: tl.constexpr,
+    ROUND_TO: tl.constexpr, NATIVE_CASTS: tl.constexpr, HAS_SIGNS: tl.constexpr,
+    RULE: tl.constexpr, STOCHASTIC: tl.constexpr, EMAX: tl.constexpr, EMIN: tl.constexpr,
+    MBITS: tl.constexpr, MAX_NORMAL: tl.constexpr, MAX_CODE: tl.constexpr,
+):
+    """Row-wise MXFP4 with a 32-point Hadamard (block 32): the forward and dgrad operands.
+
+    The same arithmetic as ``_quantize_tile``, laid out so that no value crosses a lane: each
+    block is loaded as four 8-wide slices (one 16-byte load each for bf16) that share one
+    register layout, so butterfly stages 1, 2, 4 run inside a slice and stages 8, 16 between
+    slices, in the reference's order; the block maximum, the codes and the 32-bit words (one
+    per slice) stay in the thread. The general kernel lets Triton spread a block over lanes
+    and pays for it in shuffles and selects.
+    """
+    NB: tl.constexpr = BLOCK_N // 32
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    blocks = tl.program_id(1) * NB + tl.arange(0, NB)
+    lane = tl.arange(0, 8)
+    row_ok = (rows < M)[:, None, None]
+    cols = (blocks * 32)[None, :, None] + lane[None, None, :]  # column of slice 0's elements
+    offs = (rows.to(tl.int64) * stride_m)[:, None, None] + cols
+
+    ok = row_ok & (cols < N)  # whole blocks only (N is a multiple of 32)
+    v0 = _h32_slice(x_ptr, signs_ptr, offs, ok, 0, INPUT_BF16, HAS_SIGNS)
+    v1 = _h32_slice(x_ptr, signs_ptr, offs, ok, 1, INPUT_BF16, HAS_SIGNS)
+    v2 = _h32_slice(x_ptr, signs_ptr, offs, ok, 2, INPUT_BF16, HAS_SIGNS)
+    v3 = _h32_slice(x_ptr, signs_ptr, offs, ok, 3, INPUT_BF16, HAS_SIGNS)
+    # Stage 8 pairs slices (0, 1) and (2, 3); stage 16 pairs (0, 2) and (1, 3).
+    a0, a1, a2, a3 = v0 + v1, v0 - v1, v2 + v3, v2 - v3
+    v0 = _h32_finish(a0 + a2, hadamard_scale, ROUND_TO, NATIVE_CASTS)
+    v1 = _h32_finish(a1 + a3, hadamard_scale, ROUND_TO, NATIVE_CASTS)
+    v2 = _h32_finish(a0 - a2, hadamard_scale, ROUND_TO, NATIVE_CASTS)
+    v3 = _h32_finish(a1 - a3, hadamard_scale, ROUND_TO, NATIVE_CASTS)
+
+    amax = max_keeping_nan(max_keeping_nan(tl.abs(v0), tl.abs(v1)), max_keeping_nan(tl.abs(v2), tl.abs(v3)))
+    amax = tl.reduce(amax, 2, max_keeping_nan)
+    finite = amax < float("inf")  # NaN/Inf blocks: scale code 255, element codes 0
+    s = shared_exponent(amax.to(tl.int32, bitcast=True), RULE, EMAX, MAX_NORMAL, MBITS)
+    inv_scale = exp2_int(-s)[:, :, None]
+    limit = tl.where(finite, MAX_CODE, 0).to(tl.uint32)[:, :, None]
+    sign_weight = tl.where(finite, 8, 0).to(tl.uint32)[:, :, None]
+
+    n_blocks = n_padded // 32
+    ok = (rows < M)[:, None] & (blocks < n_blocks)[None, :]
+    words = rows.to(tl.int64)[:, None] * (n_padded // 8) + (blocks * 4)[None, :]  # slice 0's word
+    _h32_store(v0, inv_scale, limit, sign_weight, data_ptr, words, ok, words, seed, STOCHASTIC, MBITS, EMIN)
+    _h32_store(v1, inv_scale, limit, sign_weight, data_ptr, words + 1, ok, words + 1, seed, STOCHASTIC, MBITS, EMIN)
+    _h32_store(v2, inv_scale, limit, sign_weight, data_ptr, words + 2, ok, words + 2, seed, STOCHASTIC, MBITS, EMIN)
+    _h32_store(v3, inv_scale, limit, sign_weight, data_ptr, words + 3, ok, words + 3, seed, STOCHASTIC, MBITS, EMIN)
+
+    scale_codes = tl.where(finite, s + F32_BIAS, E8M0_NAN).to(tl.uint8)
+    tl.store(scale_ptr + rows.to(tl.int64)[:, None] * n_blocks + blocks[None, :], scale_codes, mask=ok)
+
+
 @functools.cache
 def _max_code(efmt: ElementFormat) -> int:
     """Code of the largest finite element, where saturation clamps."""
@@ -292,7 +390,21 @@ def _quantize(
     x_arg = x.view(torch.int16) if x.dtype == torch.bfloat16 else x
     round_to = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(x.dtype, "")
 
+    def wrap(out: tuple[torch.Tensor, torch.Tensor], axis: int) -> MXTensor:
+        return MXTensor(out[0], out[1], fmt, axis, block_size, x.shape)
+
     grid = (triton.cdiv(M, tiling.block_m), triton.cdiv(N, tiling.block_n))
+    if rowwise and not colwise and hb == block_size == 32 and efmt.bits == 4 and x.stride(1) == 1:
+        _quantize_rows_h32_kernel[grid](
+            x_arg, signs_arg, row[0].view(torch.int32), row[1], M, N, x.stride(0),
+            -(-N // block_size) * block_size, 0 if seed is None else seed, 1 / math.sqrt(hb),
+            BLOCK_M=tiling.block_m, BLOCK_N=tiling.block_n, INPUT_BF16=x.dtype == torch.bfloat16,
+            ROUND_TO=round_to, NATIVE_CASTS=x.is_cuda, HAS_SIGNS=signs is not None,
+            RULE=scale_rule, STOCHASTIC=rounding == "stochastic", EMAX=efmt.emax, EMIN=efmt.emin,
+            MBITS=efmt.mbits, MAX_NORMAL=efmt.max_normal, MAX_CODE=_max_code(efmt),
+            num_warps=tiling.num_warps,
+        )
+        return wrap(row, 1), None
     _quantize_mx_kernel[grid](
         x_arg, signs_arg, _as_units(row[0], efmt, per_unit), row[1],
         _as_units(col[0], efmt, per_unit), col[1],
@@ -307,9 +419,6 @@ def _quantize(
         MAX_CODE=_max_code(efmt), ELEMENT_BITS=efmt.bits, CODES_PER_UNIT=per_unit,
         num_warps=tiling.num_warps,
     )
-
-    def wrap(out: tuple[torch.Tensor, torch.Tensor], axis: int) -> MXTensor:
-        return MXTensor(out[0], out[1], fmt, axis, block_size, x.shape)
 
     return (wrap(row, 1) if rowwise else None), (wrap(col, 0) if colwise else None)
 
