@@ -224,11 +224,11 @@ def _quantize_mx_kernel(
 
 
 @triton.jit
-def _h32_slice(x_ptr, signs_ptr, offs, ok, k: tl.constexpr, INPUT_BF16: tl.constexpr, HAS_SIGNS: tl.constexpr):
-    """Slice ``k`` (elements 8k..8k+7 of each block) [R, NB, 8], after butterfly stages 1, 2, 4."""
-    R: tl.constexpr = offs.shape[0]
-    NB: tl.constexpr = offs.shape[1]
-    v = _to_float32(tl.load(x_ptr + offs + 8 * k, mask=ok, other=0), INPUT_BF16)
+def _h32_slice(x, signs_ptr, k: tl.constexpr, INPUT_BF16: tl.constexpr, HAS_SIGNS: tl.constexpr):
+    """Slice ``k`` (elements 8k..8k+7 of each block, [R, NB, 8]) after butterfly stages 1, 2, 4."""
+    R: tl.constexpr = x.shape[0]
+    NB: tl.constexpr = x.shape[1]
+    v = _to_float32(x, INPUT_BF16)
     if HAS_SIGNS:
         v = v * tl.load(signs_ptr + 8 * k + tl.arange(0, 8))[None, None, :]
     return tl.reshape(walsh_hadamard_butterfly(tl.reshape(v, [R * NB, 8]), 3), [R, NB, 8])
@@ -250,9 +250,9 @@ def _h32_finish(v, hadamard_scale, ROUND_TO: tl.constexpr, NATIVE_CASTS: tl.cons
 
 
 @triton.jit
-def _h32_store(v, inv_scale, limit, sign_weight, data_ptr, word_offs, ok, counters, seed,
-               STOCHASTIC: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr):
-    """Encode a slice's 8 elements and store them as one 32-bit word, first code lowest."""
+def _h32_encode(v, inv_scale, limit, sign_weight, counters, seed,
+                STOCHASTIC: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr):
+    """A slice's 8 codes packed into one 32-bit word per block, first code lowest."""
     R: tl.constexpr = v.shape[0]
     NB: tl.constexpr = v.shape[1]
     scaled = v * inv_scale
@@ -261,7 +261,7 @@ def _h32_store(v, inv_scale, limit, sign_weight, data_ptr, word_offs, ok, counte
         codes = encode_elements(scaled, noise, limit, sign_weight, True, MBITS, EMIN)
     else:
         codes = encode_e2m1_nearest(scaled, limit, sign_weight)
-    tl.store(data_ptr + word_offs, tl.sum(codes << (tl.arange(0, 8) * 4)[None, None, :], axis=2), mask=ok)
+    return tl.sum(codes << (tl.arange(0, 8) * 4)[None, None, :], axis=2)
 
 
 @triton.jit
@@ -275,25 +275,24 @@ def _quantize_rows_h32_kernel(
     """Row-wise MXFP4 with a 32-point Hadamard (block 32): the forward and dgrad operands.
 
     The same arithmetic as ``_quantize_tile``, laid out so that no value crosses a lane: each
-    block is loaded as four 8-wide slices (one 16-byte load each for bf16) that share one
-    register layout, so butterfly stages 1, 2, 4 run inside a slice and stages 8, 16 between
-    slices, in the reference's order; the block maximum, the codes and the 32-bit words (one
-    per slice) stay in the thread. The general kernel lets Triton spread a block over lanes
-    and pays for it in shuffles and selects.
+    block is loaded as four 8-wide slices (16-byte loads for bf16) that share one register
+    layout, so butterfly stages 1, 2, 4 run inside a slice and stages 8, 16 between slices, in
+    the reference's order; the block maximum, the codes and the four 32-bit words (one 16-byte
+    store) stay in the thread. The general kernel lets Triton spread a block over lanes and
+    pays for it in shuffles and selects (sm_90 instructions per element, bf16 in: 50 -> 24
+    round-to-nearest, 63 -> 37 stochastic). Loading one coalesced tile and splitting it into
+    slices instead makes Triton move them through shuffles again (45).
     """
     NB: tl.constexpr = BLOCK_N // 32
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     blocks = tl.program_id(1) * NB + tl.arange(0, NB)
-    lane = tl.arange(0, 8)
-    row_ok = (rows < M)[:, None, None]
-    cols = (blocks * 32)[None, :, None] + lane[None, None, :]  # column of slice 0's elements
+    cols = (blocks * 32)[None, :, None] + tl.arange(0, 8)[None, None, :]  # slice 0 of each block
     offs = (rows.to(tl.int64) * stride_m)[:, None, None] + cols
-
-    ok = row_ok & (cols < N)  # whole blocks only (N is a multiple of 32)
-    v0 = _h32_slice(x_ptr, signs_ptr, offs, ok, 0, INPUT_BF16, HAS_SIGNS)
-    v1 = _h32_slice(x_ptr, signs_ptr, offs, ok, 1, INPUT_BF16, HAS_SIGNS)
-    v2 = _h32_slice(x_ptr, signs_ptr, offs, ok, 2, INPUT_BF16, HAS_SIGNS)
-    v3 = _h32_slice(x_ptr, signs_ptr, offs, ok, 3, INPUT_BF16, HAS_SIGNS)
+    ok = (rows < M)[:, None, None] & (cols < N)  # whole blocks only (N is a multiple of 32)
+    v0 = _h32_slice(tl.load(x_ptr + offs, mask=ok, other=0), signs_ptr, 0, INPUT_BF16, HAS_SIGNS)
+    v1 = _h32_slice(tl.load(x_ptr + offs + 8, mask=ok, other=0), signs_ptr, 1, INPUT_BF16, HAS_SIGNS)
+    v2 = _h32_slice(tl.load(x_ptr + offs + 16, mask=ok, other=0), signs_ptr, 2, INPUT_BF16, HAS_SIGNS)
+    v3 = _h32_slice(tl.load(x_ptr + offs + 24, mask=ok, other=0), signs_ptr, 3, INPUT_BF16, HAS_SIGNS)
     # Stage 8 pairs slices (0, 1) and (2, 3); stage 16 pairs (0, 2) and (1, 3).
     a0, a1, a2, a3 = v0 + v1, v0 - v1, v2 + v3, v2 - v3
     v0 = _h32_finish(a0 + a2, hadamard_scale, ROUND_TO, NATIVE_CASTS)
@@ -309,13 +308,16 @@ def _quantize_rows_h32_kernel(
     limit = tl.where(finite, MAX_CODE, 0).to(tl.uint32)[:, :, None]
     sign_weight = tl.where(finite, 8, 0).to(tl.uint32)[:, :, None]
 
+    # Word w of a row holds elements 8w..8w+7; its index is also their Philox counter.
     n_blocks = n_padded // 32
-    ok = (rows < M)[:, None] & (blocks < n_blocks)[None, :]
-    words = rows.to(tl.int64)[:, None] * (n_padded // 8) + (blocks * 4)[None, :]  # slice 0's word
-    _h32_store(v0, inv_scale, limit, sign_weight, data_ptr, words, ok, words, seed, STOCHASTIC, MBITS, EMIN)
-    _h32_store(v1, inv_scale, limit, sign_weight, data_ptr, words + 1, ok, words + 1, seed, STOCHASTIC, MBITS, EMIN)
-    _h32_store(v2, inv_scale, limit, sign_weight, data_ptr, words + 2, ok, words + 2, seed, STOCHASTIC, MBITS, EMIN)
-    _h32_store(v3, inv_scale, limit, sign_weight, data_ptr, words + 3, ok, words + 3, seed, STOCHASTIC, MBITS, EMIN)
+    word0 = rows.to(tl.int64)[:, None] * (n_padded // 8) + (blocks * 4)[None, :]
+    w0 = _h32_encode(v0, inv_scale, limit, sign_weight, word0, seed, STOCHASTIC, MBITS, EMIN)
+    w1 = _h32_encode(v1, inv_scale, limit, sign_weight, word0 + 1, seed, STOCHASTIC, MBITS, EMIN)
+    w2 = _h32_encode(v2, inv_scale, limit, sign_weight, word0 + 2, seed, STOCHASTIC, MBITS, EMIN)
+    w3 = _h32_encode(v3, inv_scale, limit, sign_weight, word0 + 3, seed, STOCHASTIC, MBITS, EMIN)
+    words = tl.reshape(tl.join(tl.join(w0, w2), tl.join(w1, w3)), [BLOCK_M, NB, 4])  # w0 w1 w2 w3
+    ok = ((rows < M)[:, None] & (blocks < n_blocks)[None, :])
+    tl.store(data_ptr + word0[:, :, None] + tl.arange(0, 4)[None, None, :], words, mask=ok[:, :, None])
 
     scale_codes = tl.where(finite, s + F32_BIAS, E8M0_NAN).to(tl.uint8)
     tl.store(scale_ptr + rows.to(tl.int64)[:, None] * n_blocks + blocks[None, :], scale_codes, mask=ok)
