@@ -81,15 +81,16 @@ class QuantizeTiling:
 
 # The interpreter pays milliseconds per program: give each one a large tile.
 INTERPRETER_TILING = QuantizeTiling(block_m=128, block_n=256, num_warps=1)
-# Per orientation and Hadamard, the fastest tiling of the H200 sweep
-# (benchmarks/results/2026-12-02-h200-quantize-sweep.json). Without Hadamard a column-wise
-# block must not span warps: Triton lays warps along the rows of a tile, and a reduction across
-# warps goes through shared memory (4x slower there), so those tiles take one warp.
+# Per orientation and Hadamard, the fastest tiling of the H200 sweeps in benchmarks/results/.
+# Row-wise H32 and column-wise MXFP4 (block 32) run their own kernels, which keep whole blocks
+# in a thread; the column-wise one reads ``block_n`` columns of one block of 32 rows. In the
+# general kernel a column-wise block must not span warps (Triton lays warps along a tile's rows
+# and reduces across them through shared memory, 4x slower), so its tiles take one warp.
 CUDA_TILINGS = {
     ("rowwise", False): QuantizeTiling(block_m=64, block_n=128, num_warps=4),
     ("rowwise", True): QuantizeTiling(block_m=32, block_n=128, num_warps=4),
     ("colwise", False): QuantizeTiling(block_m=32, block_n=64, num_warps=1),
-    ("colwise", True): QuantizeTiling(block_m=32, block_n=128, num_warps=4),
+    ("colwise", True): QuantizeTiling(block_m=32, block_n=64, num_warps=1),
     ("both", False): QuantizeTiling(block_m=32, block_n=64, num_warps=1),
     ("both", True): QuantizeTiling(block_m=32, block_n=128, num_warps=4),
 }
@@ -323,6 +324,57 @@ def _quantize_rows_h32_kernel(
     tl.store(scale_ptr + rows.to(tl.int64)[:, None] * n_blocks + blocks[None, :], scale_codes, mask=ok)
 
 
+@triton.jit
+def _quantize_cols_kernel(
+    x_ptr, signs_ptr, data_ptr, scale_ptr, M, N, stride_m, m_padded, seed, hadamard_scale,
+    BLOCK_N: tl.constexpr, HADAMARD: tl.constexpr, INPUT_BF16: tl.constexpr,
+    ROUND_TO: tl.constexpr, NATIVE_CASTS: tl.constexpr, HAS_SIGNS: tl.constexpr,
+    RULE: tl.constexpr, STOCHASTIC: tl.constexpr, EMAX: tl.constexpr, EMIN: tl.constexpr,
+    MBITS: tl.constexpr, MAX_NORMAL: tl.constexpr, MAX_CODE: tl.constexpr,
+):
+    """Column-wise MXFP4 (blocks of 32 down a column, optional 32-point Hadamard): the wgrad
+    operands and dgrad's Wᵀ.
+
+    A program takes one block of 32 rows and ``BLOCK_N`` columns as a [columns, rows] tile.
+    The column index is declared contiguous only in pairs, so each thread loads two columns
+    (one 4-byte load per row for bf16, a warp reading 128 contiguous bytes) and Triton keeps
+    all 32 rows of its columns in the thread: the butterfly, the block maximum and the packing
+    of eight codes per word need no shuffles, unlike the general kernel's transposed tile.
+    """
+    r0 = tl.program_id(0) * 32
+    cols = tl.max_contiguous(tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N), 2)
+    rows = r0 + tl.arange(0, 32)
+    ok = (cols < N)[:, None] & (rows < M)[None, :]  # zero padding of a partial last block
+    x = tl.load(x_ptr + rows.to(tl.int64)[None, :] * stride_m + cols[:, None], mask=ok, other=0)
+    v = _to_float32(x, INPUT_BF16)  # [BLOCK_N, 32]
+    if HADAMARD > 0:  # M is a multiple of 32: no padding inside a block
+        if HAS_SIGNS:
+            v = v * tl.load(signs_ptr + tl.arange(0, 32))[None, :]
+        v = walsh_hadamard_butterfly(v, 5) * hadamard_scale
+        if ROUND_TO == "bf16":  # hadamard_transform returns the input dtype
+            v = round_to_bf16(v, NATIVE_CASTS)
+        elif ROUND_TO == "fp16":
+            v = v.to(tl.float16).to(tl.float32)
+
+    amax = tl.reduce(tl.abs(v), 1, max_keeping_nan)
+    finite = amax < float("inf")  # NaN/Inf blocks: scale code 255, element codes 0
+    s = shared_exponent(amax.to(tl.int32, bitcast=True), RULE, EMAX, MAX_NORMAL, MBITS)
+    scaled = v * exp2_int(-s)[:, None]
+    limit = tl.where(finite, MAX_CODE, 0).to(tl.uint32)[:, None]
+    sign_weight = tl.where(finite, 8, 0).to(tl.uint32)[:, None]
+    # Word w of an output row (a column of x) holds its elements 8w..8w+7: also their Philox counter.
+    words = cols.to(tl.int64)[:, None] * (m_padded // 8) + (r0 // 8 + tl.arange(0, 4))[None, :]
+    if STOCHASTIC:
+        codes = encode_elements(scaled, philox_noise_runs(seed, words), limit, sign_weight, True, MBITS, EMIN)
+    else:
+        codes = encode_e2m1_nearest(scaled, limit, sign_weight)
+    packed = tl.sum(tl.reshape(codes, [BLOCK_N, 4, 8]) << (tl.arange(0, 8) * 4)[None, None, :], axis=2)
+    col_ok = (cols < N)[:, None]
+    tl.store(data_ptr + words, packed, mask=col_ok)
+    scale_codes = tl.where(finite, s + F32_BIAS, E8M0_NAN).to(tl.uint8)
+    tl.store(scale_ptr + cols.to(tl.int64) * (m_padded // 32) + r0 // 32, scale_codes, mask=cols < N)
+
+
 @functools.cache
 def _max_code(efmt: ElementFormat) -> int:
     """Code of the largest finite element, where saturation clamps."""
@@ -407,6 +459,17 @@ def _quantize(
             num_warps=tiling.num_warps,
         )
         return wrap(row, 1), None
+    if colwise and not rowwise and block_size == 32 and hb in (0, 32) and efmt.bits == 4 and x.stride(1) == 1:
+        _quantize_cols_kernel[(triton.cdiv(M, 32), triton.cdiv(N, tiling.block_n))](
+            x_arg, signs_arg, col[0].view(torch.int32), col[1], M, N, x.stride(0),
+            -(-M // block_size) * block_size, 0 if seed is None else seed, 1 / math.sqrt(hb) if hb else 1.0,
+            BLOCK_N=tiling.block_n, HADAMARD=hb, INPUT_BF16=x.dtype == torch.bfloat16,
+            ROUND_TO=round_to, NATIVE_CASTS=x.is_cuda, HAS_SIGNS=signs is not None,
+            RULE=scale_rule, STOCHASTIC=rounding == "stochastic", EMAX=efmt.emax, EMIN=efmt.emin,
+            MBITS=efmt.mbits, MAX_NORMAL=efmt.max_normal, MAX_CODE=_max_code(efmt),
+            num_warps=tiling.num_warps,
+        )
+        return None, wrap(col, 0)
     _quantize_mx_kernel[grid](
         x_arg, signs_arg, _as_units(row[0], efmt, per_unit), row[1],
         _as_units(col[0], efmt, per_unit), col[1],
