@@ -11,15 +11,18 @@ Hadamard decision: the transform runs as a fixed-order butterfly (``log2(hb)`` a
 stages on float32, then one multiply by ``1/sqrt(hb)``), and ``hadamard_transform`` is defined
 by the same butterfly, so the two agree bit for bit on every device. A ``tl.dot`` against ``H``
 sums in an order set by the tensor cores and could only match to an ulp or two, flipping codes.
-Cost. On sm_90 this kernel is bound by the integer-logic pipe (16 lanes per scheduler, half
-the issue rate), not by memory: the element encoding is therefore written with shifts, adds and
-fused multiply-adds, which run on the multiply-add pipe (``mx_math.encode_elements``), and
-stochastic rounding draws one Philox4x32-10 call per four elements. Static counts from the
-sm_90 SASS of the 32x128/4-warp tile (bf16 in, MXFP4 out), instructions per element (integer-
-logic ones in brackets): row-wise 22 (12), stochastic 43 (18), was 23 (15) and 82 (38) with a
-Philox call per element. The butterflies' cross-thread stages go through layout conversions.
-On the H200 (``benchmarks/results/2026-12-02-h200-quantize.md``, kernel time at 16384x4096):
-0.63 of copy bandwidth row-wise, 0.35 with stochastic rounding, 0.38 / 0.25 column-wise.
+Kernels. ``_quantize_mx_kernel`` is the general one (any format, block size, Hadamard size,
+both orientations from one read). Two MXFP4 kernels for the shapes training uses keep every
+block inside one thread: ``_quantize_rows_h32_kernel`` (row-wise, 32-point Hadamard) and
+``_quantize_cols_kernel`` (column-wise, with or without it); in the general kernel Triton
+spreads a block over lanes and pays in shuffles and selects.
+Cost. On sm_90 quantization is bound by the instructions it issues (the integer-logic pipe,
+16 lanes per scheduler, most of all), not by memory, so: E2M1 rounding to nearest is the
+minimum of three FMA-rounded lines (``mx_math.encode_e2m1_nearest``); stochastic rounding
+takes 16 noise bits per element, eight elements per Philox4x32-10 call, added in fixed point;
+block maxima are float maxima that keep NaN. ``benchmarks/sass_counts.py`` prints the static
+instruction counts per element; on the H200 (``benchmarks/results/``) the row-wise RN kernel
+reaches about 0.76 of copy bandwidth at 16384x4096.
 
 The tensor is processed in ``[block_m, block_n]`` tiles; a tile's block axis holds whole MX
 blocks and whole Hadamard blocks. Runs on CUDA, or on CPU tensors under ``TRITON_INTERPRET=1``.
