@@ -23,7 +23,7 @@ CALIBRATION_STEPS = 4  # forwards: enough to freeze a plan, not to judge its qua
 WARMUP_STEPS, TIMED_STEPS = 3, 10
 # Kernel families by name fragment, first match wins; the rest is "other".
 FAMILIES = (
-    ("quantize (Triton)", ("_quantize_mx_kernel",)),
+    ("quantize (Triton)", ("_quantize_",)),
     ("fold (Triton)", ("_fold_kernel",)),
     ("FP8 GEMM", ("f8", "fp8", "e4m3")),
     ("attention", ("flash", "fmha", "attention", "sdpa")),
@@ -44,21 +44,31 @@ def family(kernel: str) -> str:
 
 
 def _profile(step) -> dict:
+    """CUDA time of one step by kernel family, its largest kernels, and the host-side operators
+    that took the most CPU time (a step that is slower than its CUDA time is host-bound)."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         step()
         torch.cuda.synchronize()
     by_family: dict[str, float] = defaultdict(float)
-    kernels = []
+    kernels, host = [], []
     for evt in prof.key_averages():
-        ms = evt.device_time_total / 1e3
-        if ms <= 0:
+        if evt.self_cpu_time_total > 0:
+            host.append({"name": evt.key[:120], "self_cpu_ms": evt.self_cpu_time_total / 1e3, "calls": evt.count})
+        ms = evt.self_device_time_total / 1e3
+        if ms <= 0 or evt.device_type != torch.autograd.DeviceType.CUDA:
             continue
         by_family[family(evt.key)] += ms
         kernels.append({"name": evt.key[:120], "ms": ms, "calls": evt.count})
     kernels.sort(key=lambda k: -k["ms"])
-    return {"families_ms": dict(sorted(by_family.items(), key=lambda kv: -kv[1])), "top_kernels": kernels[:12]}
+    host.sort(key=lambda h: -h["self_cpu_ms"])
+    return {
+        "cuda_ms": sum(by_family.values()),
+        "families_ms": dict(sorted(by_family.items(), key=lambda kv: -kv[1])),
+        "top_kernels": kernels[:12],
+        "top_host_ops": host[:15],
+    }
 
 
 def run(preset: str = PRESET, recipes: tuple[str, ...] = RECIPES) -> dict:
