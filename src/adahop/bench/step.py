@@ -71,45 +71,51 @@ def _profile(step) -> dict:
     }
 
 
-def run(preset: str = PRESET, recipes: tuple[str, ...] = RECIPES) -> dict:
-    """Tokens/s per recipe (timed after calibration) and a profile of one step of each."""
-    from ..data import BatchLoader, prepare_data
+def measure(recipe: str, preset: str, data) -> dict:
+    """Tokens/s of ``recipe`` (timed after calibration), its peak memory and a profiled step."""
+    from ..data import BatchLoader
     from ..models import build_model
+
+    torch.manual_seed(0)
+    model = build_model(preset, vocab_size=data.tokenizer.vocab_size).cuda()
+    convert_model(model, {"name": recipe, "calibration_steps": CALIBRATION_STEPS})
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    loader = BatchLoader(data.train, batch_size=BATCH, seq_len=SEQ_LEN, seed=0)
+
+    def step() -> None:
+        inputs, targets = (t.cuda(non_blocking=True) for t in next(loader))
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            _, loss = model(inputs, targets)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(CALIBRATION_STEPS + WARMUP_STEPS):
+        step()
+    assert not any(m.calibrating for m in adahop_layers(model).values()), "calibration did not finish"
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    for _ in range(TIMED_STEPS):
+        step()
+    torch.cuda.synchronize()
+    seconds = (time.perf_counter() - start) / TIMED_STEPS
+    return {
+        "tokens_per_s": BATCH * SEQ_LEN / seconds,
+        "step_ms": seconds * 1e3,
+        "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30,
+        "profile": _profile(step),
+    }
+
+
+def run(preset: str = PRESET, recipes: tuple[str, ...] = RECIPES) -> dict:
+    """Every recipe's :func:`measure`, with its speed relative to the BF16 recipe."""
+    from ..data import prepare_data
 
     data = prepare_data("stdlib", progress=False)
     results: dict = {"preset": preset, "batch": BATCH, "seq_len": SEQ_LEN, "recipes": {}}
     for recipe in recipes:
-        torch.manual_seed(0)
-        model = build_model(preset, vocab_size=data.tokenizer.vocab_size).cuda()
-        convert_model(model, {"name": recipe, "calibration_steps": CALIBRATION_STEPS})
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-        loader = BatchLoader(data.train, batch_size=BATCH, seq_len=SEQ_LEN, seed=0)
-
-        def step() -> None:
-            inputs, targets = (t.cuda(non_blocking=True) for t in next(loader))
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                _, loss = model(inputs, targets)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-
-        for _ in range(CALIBRATION_STEPS + WARMUP_STEPS):
-            step()
-        assert not any(m.calibrating for m in adahop_layers(model).values()), "calibration did not finish"
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        start = time.perf_counter()
-        for _ in range(TIMED_STEPS):
-            step()
-        torch.cuda.synchronize()
-        seconds = (time.perf_counter() - start) / TIMED_STEPS
-        results["recipes"][recipe] = {
-            "tokens_per_s": BATCH * SEQ_LEN / seconds,
-            "step_ms": seconds * 1e3,
-            "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30,
-            "profile": _profile(step),
-        }
-        del model, opt
+        results["recipes"][recipe] = measure(recipe, preset, data)
         torch.cuda.empty_cache()
     base = results["recipes"]["bf16"]["tokens_per_s"]
     for r in results["recipes"].values():

@@ -23,7 +23,7 @@ import triton.language as tl
 from ..formats import MXTensor
 from ..formats.elements import E4M3, decode_e2m1, encode_fp8
 from ..formats.scales import E8M0_BIAS, E8M0_NAN
-from .mx_triton import INTERPRET, e2m1_to_fp32
+from .mx_triton import INTERPRET, cdiv, e2m1_to_fp32
 
 FOLD_OFFSET = 6  # c for E4M3: the largest E2M1 value 6 * 2**6 = 384 stays below 448
 EXACT_BINADES = 14  # blocks up to this far below their row's reference fold exactly
@@ -235,7 +235,7 @@ def fold_to_fp8(mx: MXTensor, config: FoldConfig = FoldConfig()) -> FoldedFP8:
     data = torch.empty(n_rows, n_blocks * mx.block_size, dtype=torch.float8_e4m3fn, device=mx.device)
     row_scale = torch.empty(n_rows, dtype=torch.float32, device=mx.device)
     lossy = torch.empty(n_rows, dtype=torch.int32, device=mx.device)
-    grid = (triton.cdiv(n_rows, config.block_r),)
+    grid = (cdiv(n_rows, config.block_r),)
     _fold_kernel[grid](
         mx.data.contiguous(),
         mx.scales.contiguous(),

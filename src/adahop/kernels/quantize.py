@@ -57,6 +57,7 @@ from .mx_math import (
     shared_exponent,
     walsh_hadamard_butterfly,
 )
+from .mx_triton import cdiv
 
 MAX_WARPS = 32  # 1024 threads, the most a CUDA block can hold
 
@@ -450,7 +451,7 @@ def _quantize(
     def wrap(out: tuple[torch.Tensor, torch.Tensor], axis: int) -> MXTensor:
         return MXTensor(out[0], out[1], fmt, axis, block_size, x.shape)
 
-    grid = (triton.cdiv(M, tiling.block_m), triton.cdiv(N, tiling.block_n))
+    grid = (cdiv(M, tiling.block_m), cdiv(N, tiling.block_n))
     if rowwise and not colwise and hb == block_size == 32 and efmt.bits == 4 and x.stride(1) == 1:
         _quantize_rows_h32_kernel[grid](
             x_arg, signs_arg, row[0].view(torch.int32), row[1], M, N, x.stride(0),
@@ -463,7 +464,7 @@ def _quantize(
         )
         return wrap(row, 1), None
     if colwise and not rowwise and block_size == 32 and hb in (0, 32) and efmt.bits == 4 and x.stride(1) == 1:
-        _quantize_cols_kernel[(triton.cdiv(M, 32), triton.cdiv(N, tiling.block_n))](
+        _quantize_cols_kernel[(cdiv(M, 32), cdiv(N, tiling.block_n))](
             x_arg, signs_arg, col[0].view(torch.int32), col[1], M, N, x.stride(0),
             -(-M // block_size) * block_size, 0 if seed is None else seed, 1 / math.sqrt(hb) if hb else 1.0,
             BLOCK_N=tiling.block_n, HADAMARD=hb, INPUT_BF16=x.dtype == torch.bfloat16,
