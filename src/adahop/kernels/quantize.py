@@ -85,19 +85,22 @@ class QuantizeTiling:
 
 # The interpreter pays milliseconds per program: give each one a large tile.
 INTERPRETER_TILING = QuantizeTiling(block_m=128, block_n=256, num_warps=1)
-# Per orientation and Hadamard, the fastest tiling of the H200 sweeps in benchmarks/results/.
+# Per orientation and Hadamard, the fastest tiling (over both roundings) of the H200 sweep in
+# benchmarks/results/2026-12-02-h200-pass5-quantize-sweep.json.
 # Row-wise H32 and column-wise MXFP4 (block 32) run their own kernels, which keep whole blocks
-# in a thread; the column-wise one reads ``block_n`` columns of one block of 32 rows. In the
-# general kernel a column-wise block must not span warps (Triton lays warps along a tile's rows
-# and reduces across them through shared memory, 4x slower), so its tiles take one warp.
+# in a thread; the column-wise one reads ``block_n`` columns of one block of 32 rows.
 CUDA_TILINGS = {
-    ("rowwise", False): QuantizeTiling(block_m=64, block_n=128, num_warps=4),
+    ("rowwise", False): QuantizeTiling(block_m=32, block_n=128, num_warps=4),
     ("rowwise", True): QuantizeTiling(block_m=32, block_n=128, num_warps=4),
-    ("colwise", False): QuantizeTiling(block_m=32, block_n=64, num_warps=1),
-    ("colwise", True): QuantizeTiling(block_m=32, block_n=64, num_warps=1),
+    ("colwise", False): QuantizeTiling(block_m=32, block_n=256, num_warps=4),
+    ("colwise", True): QuantizeTiling(block_m=32, block_n=256, num_warps=4),
     ("both", False): QuantizeTiling(block_m=32, block_n=64, num_warps=1),
     ("both", True): QuantizeTiling(block_m=32, block_n=128, num_warps=4),
 }
+# Column-wise cases the general kernel serves (other formats and block sizes): a block must not
+# span warps (Triton lays warps along a tile's rows and reduces across them through shared
+# memory, 4x slower on the H200), so the tile takes one warp.
+GENERAL_COLWISE_TILING = QuantizeTiling(block_m=32, block_n=64, num_warps=1)
 
 
 def default_tiling(orientation: str, device: torch.device, hadamard: bool = False) -> QuantizeTiling:
@@ -408,6 +411,17 @@ def _as_units(data: torch.Tensor | None, efmt: ElementFormat, per_unit: int) -> 
     return data.view(torch.int32)
 
 
+def _block_per_thread_kernel(x, efmt: ElementFormat, block_size: int, hb: int, rowwise: bool, colwise: bool):
+    """The MXFP4 kernel that keeps whole blocks in a thread for this call, or None (general kernel)."""
+    if efmt.bits != 4 or block_size != 32 or x.stride(1) != 1:
+        return None
+    if rowwise and not colwise and hb == 32:
+        return _quantize_rows_h32_kernel
+    if colwise and not rowwise and hb in (0, 32):
+        return _quantize_cols_kernel
+    return None
+
+
 def _quantize(
     x: torch.Tensor,
     fmt: str,
@@ -434,11 +448,13 @@ def _quantize(
     if hb:
         for length in (N,) * rowwise + (M,) * colwise:
             check_hadamard_args(length, hb, signs)
+    efmt = ELEMENT_FORMATS[fmt]
+    kernel = _block_per_thread_kernel(x, efmt, block_size, hb, rowwise, colwise)
     if tiling is None:
         orientation = "both" if rowwise and colwise else "rowwise" if rowwise else "colwise"
-        tiling = default_tiling(orientation, x.device, bool(hb))
+        general_colwise = kernel is None and orientation == "colwise" and x.is_cuda
+        tiling = GENERAL_COLWISE_TILING if general_colwise else default_tiling(orientation, x.device, bool(hb))
 
-    efmt = ELEMENT_FORMATS[fmt]
     whole_blocks = max(block_size, hb)  # a tile's block axis holds whole MX and Hadamard blocks
     tiling = tiling.fit(whole_blocks if colwise else 1, whole_blocks if rowwise else 1)
     row = _allocate(M, N, efmt, block_size, x.device) if rowwise else (None, None)
@@ -452,7 +468,7 @@ def _quantize(
         return MXTensor(out[0], out[1], fmt, axis, block_size, x.shape)
 
     grid = (cdiv(M, tiling.block_m), cdiv(N, tiling.block_n))
-    if rowwise and not colwise and hb == block_size == 32 and efmt.bits == 4 and x.stride(1) == 1:
+    if kernel is _quantize_rows_h32_kernel:
         _quantize_rows_h32_kernel[grid](
             x_arg, signs_arg, row[0].view(torch.int32), row[1], M, N, x.stride(0),
             -(-N // block_size) * block_size, 0 if seed is None else seed, 1 / math.sqrt(hb),
@@ -463,7 +479,7 @@ def _quantize(
             num_warps=tiling.num_warps,
         )
         return wrap(row, 1), None
-    if colwise and not rowwise and block_size == 32 and hb in (0, 32) and efmt.bits == 4 and x.stride(1) == 1:
+    if kernel is _quantize_cols_kernel:
         _quantize_cols_kernel[(cdiv(M, 32), cdiv(N, tiling.block_n))](
             x_arg, signs_arg, col[0].view(torch.int32), col[1], M, N, x.stride(0),
             -(-M // block_size) * block_size, 0 if seed is None else seed, 1 / math.sqrt(hb) if hb else 1.0,
