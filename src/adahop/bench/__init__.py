@@ -59,6 +59,15 @@ def summary_markdown(report: dict) -> str:
             excl = s["fold_fp8_gemm_only_fast_accum_True"]["ratio_vs_bf16"]
             lines.append(f"| {s['M']}, {s['N']}, {s['K']} | {s['bf16_tflops']:.0f} | " + " | ".join(cells)
                          + f" | {excl:.2f}x |")
+    if "quantize" in report:
+        q = report["quantize"]
+        lines += ["", f"Fused quantizer at {q['shape'][0]}x{q['shape'][1]} {q['dtype']} (copy: "
+                  f"{q['copy_gb_per_s']:.0f} GB/s, read + write):", "",
+                  "| orientation | Hadamard | rounding | tiling | kernel ms | of copy |", "|---|---|---|---|---|---|"]
+        for c in q["cases"]:
+            t = c["tiling"]
+            lines.append(f"| {c['orientation']} | {c['hadamard_block_size'] or '-'} | {c['rounding']} | "
+                         f"{t['block_m']}x{t['block_n']}/{t['num_warps']}w | {c['ms']:.3f} | {c['fraction_of_copy']:.2f} |")
     if "linear" in report:
         lines += ["", "AdaHOPLinear forward+backward at 16k tokens (speedup vs BF16 nn.Linear, "
                   "saved-activation compression):", "", "| shape (in, out) | plan | speedup | activations |",

@@ -57,7 +57,9 @@ def _profile(step) -> dict:
         if evt.self_cpu_time_total > 0:
             host.append({"name": evt.key[:120], "self_cpu_ms": evt.self_cpu_time_total / 1e3, "calls": evt.count})
         ms = evt.self_device_time_total / 1e3
-        if ms <= 0 or evt.device_type != torch.autograd.DeviceType.CUDA:
+        # GPU-side user annotations (e.g. "Optimizer.step#AdamW.step") span kernels already counted.
+        annotation = getattr(evt, "is_user_annotation", False) or "#" in evt.key
+        if ms <= 0 or evt.device_type != torch.autograd.DeviceType.CUDA or annotation:
             continue
         by_family[family(evt.key)] += ms
         kernels.append({"name": evt.key[:120], "ms": ms, "calls": evt.count})
