@@ -50,3 +50,19 @@ def test_bench_summary_renders_committed_h200_results():
     assert f"| {gemm['gemm_speedup_vs_bf16']:.3f} |" in text
     assert "| 16384, 14336, 4096 |" in text
     assert "| w2 | lv2_calibrated |" in text
+
+
+def test_bench_summary_renders_every_section_of_the_combined_h200_run():
+    import json
+    from pathlib import Path
+
+    from adahop.bench import summary_markdown
+
+    report = json.loads((Path(__file__).parent.parent / "benchmarks" / "results" / "2026-12-02-h200.json").read_text())
+    text = summary_markdown(report)
+    for key in ("gemm_speedup_vs_bf16", "quantize_fraction_of_copy_bw", "linear_fwd_bwd_speedup_vs_bf16",
+                "saved_activation_compression", "train_step_speedup_vs_bf16"):
+        assert f"(`{key}`) | {report[key]:.3f} |" in text
+    assert "| rowwise | 32 | nearest |" in text  # quantizer cases
+    assert "| adahop_lv2 |" in text  # step table
+
