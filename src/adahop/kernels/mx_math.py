@@ -46,6 +46,16 @@ def round_to_bf16(v, NATIVE: tl.constexpr):
 
 
 @triton.jit
+def round_to_input_dtype(v, ROUND_TO: tl.constexpr, NATIVE: tl.constexpr):
+    """Round float32 ``v`` to the input's dtype ("bf16", "fp16", or "" for float32), as float32."""
+    if ROUND_TO == "bf16":
+        v = round_to_bf16(v, NATIVE)
+    elif ROUND_TO == "fp16":
+        v = v.to(tl.float16).to(tl.float32)
+    return v
+
+
+@triton.jit
 def walsh_hadamard_butterfly(v, STAGES: tl.constexpr):
     """Unnormalized ``v @ H`` along the last axis (length ``2**STAGES``).
 

@@ -53,7 +53,7 @@ from .mx_math import (
     pack_codes,
     philox_noise,
     philox_noise_runs,
-    round_to_bf16,
+    round_to_input_dtype,
     shared_exponent,
     walsh_hadamard_butterfly,
 )
@@ -109,6 +109,19 @@ def default_tiling(orientation: str, device: torch.device, hadamard: bool = Fals
 
 
 @triton.jit
+def _block_scales(amax_bits, finite, RULE: tl.constexpr, EMAX: tl.constexpr, MAX_NORMAL: tl.constexpr,
+                  MBITS: tl.constexpr, MAX_CODE: tl.constexpr, ELEMENT_BITS: tl.constexpr):
+    """Per block, from its maximum's float32 bits: ``2**-s`` (s <= 126 for every finite amax, so a
+    normal number), the code limit and the sign weight (both 0 for a NaN/Inf block, whose element
+    codes become 0) and the E8M0 code (255 for NaN/Inf)."""
+    s = shared_exponent(amax_bits, RULE, EMAX, MAX_NORMAL, MBITS)
+    limit = tl.where(finite, MAX_CODE, 0).to(tl.uint32)
+    sign_weight = tl.where(finite, 1 << (ELEMENT_BITS - 1), 0).to(tl.uint32)
+    scale_code = tl.where(finite, s + F32_BIAS, E8M0_NAN).to(tl.uint8)
+    return exp2_int(-s), limit, sign_weight, scale_code
+
+
+@triton.jit
 def _quantize_tile(
     v, row_start, col_start, n_rows, length, padded_len,
     data_ptr, scale_ptr, signs_ptr, seed, hadamard_scale,
@@ -135,10 +148,7 @@ def _quantize_tile(
             groups = groups * tl.load(signs_ptr + tl.arange(0, HADAMARD))[None, :]
         groups = walsh_hadamard_butterfly(groups, HADAMARD_STAGES) * hadamard_scale
         v = tl.reshape(groups, [R, C])
-        if ROUND_TO == "bf16":  # hadamard_transform returns the input dtype
-            v = round_to_bf16(v, NATIVE_CASTS)
-        elif ROUND_TO == "fp16":
-            v = v.to(tl.float16).to(tl.float32)
+        v = round_to_input_dtype(v, ROUND_TO, NATIVE_CASTS)  # hadamard_transform returns it
         v = tl.where(cols[None, :] < length, v, 0.0)  # padding is +0, as in the reference
 
     blocks = tl.reshape(v, [R, C // BLOCK_SIZE, BLOCK_SIZE])
@@ -152,13 +162,11 @@ def _quantize_tile(
         amax = tl.reduce(tl.abs(blocks), 2, max_keeping_nan)
         finite = amax < float("inf")
         amax_bits = amax.to(tl.int32, bitcast=True)
-    # NaN/Inf blocks (not finite) get scale code 255 and element codes 0.
-    s = shared_exponent(amax_bits, RULE, EMAX, MAX_NORMAL, MBITS)
-    # s <= 126 for every finite float32 amax and format, so 2**-s is a normal number.
-    scaled = blocks * exp2_int(-s)[:, :, None]
-
-    limit = tl.where(finite, MAX_CODE, 0).to(tl.uint32)[:, :, None]
-    sign_weight = tl.where(finite, 1 << (ELEMENT_BITS - 1), 0).to(tl.uint32)[:, :, None]
+    inv_scale, limit, sign_weight, scale_codes = _block_scales(
+        amax_bits, finite, RULE, EMAX, MAX_NORMAL, MBITS, MAX_CODE, ELEMENT_BITS
+    )
+    scaled = blocks * inv_scale[:, :, None]
+    limit, sign_weight = limit[:, :, None], sign_weight[:, :, None]
     if STOCHASTIC:
         row_offsets = rows.to(tl.int64) * padded_len
         if BLOCK_SIZE % 8 == 0:  # runs of eight elements share a Philox call
@@ -183,7 +191,6 @@ def _quantize_tile(
 
     n_blocks = padded_len // BLOCK_SIZE
     block_cols = col_start // BLOCK_SIZE + tl.arange(0, C // BLOCK_SIZE)
-    scale_codes = tl.where(finite, s + F32_BIAS, E8M0_NAN).to(tl.uint8)
     scale_offs = rows[:, None].to(tl.int64) * n_blocks + block_cols[None, :]
     tl.store(scale_ptr + scale_offs, scale_codes, mask=row_ok & (block_cols[None, :] < n_blocks))
 
@@ -250,10 +257,7 @@ def _h32_finish(v, hadamard_scale, ROUND_TO: tl.constexpr, NATIVE_CASTS: tl.cons
     either whole or wholly outside the row (loaded as zeros, never stored).
     """
     v = v * hadamard_scale
-    if ROUND_TO == "bf16":  # hadamard_transform returns the input dtype
-        v = round_to_bf16(v, NATIVE_CASTS)
-    elif ROUND_TO == "fp16":
-        v = v.to(tl.float16).to(tl.float32)
+    v = round_to_input_dtype(v, ROUND_TO, NATIVE_CASTS)  # hadamard_transform returns it
     return v
 
 
@@ -310,11 +314,10 @@ def _quantize_rows_h32_kernel(
 
     amax = max_keeping_nan(max_keeping_nan(tl.abs(v0), tl.abs(v1)), max_keeping_nan(tl.abs(v2), tl.abs(v3)))
     amax = tl.reduce(amax, 2, max_keeping_nan)
-    finite = amax < float("inf")  # NaN/Inf blocks: scale code 255, element codes 0
-    s = shared_exponent(amax.to(tl.int32, bitcast=True), RULE, EMAX, MAX_NORMAL, MBITS)
-    inv_scale = exp2_int(-s)[:, :, None]
-    limit = tl.where(finite, MAX_CODE, 0).to(tl.uint32)[:, :, None]
-    sign_weight = tl.where(finite, 8, 0).to(tl.uint32)[:, :, None]
+    inv_scale, limit, sign_weight, scale_codes = _block_scales(
+        amax.to(tl.int32, bitcast=True), amax < float("inf"), RULE, EMAX, MAX_NORMAL, MBITS, MAX_CODE, 4
+    )
+    inv_scale, limit, sign_weight = inv_scale[:, :, None], limit[:, :, None], sign_weight[:, :, None]
 
     # Word w of a row holds elements 8w..8w+7; its index is also their Philox counter.
     n_blocks = n_padded // 32
@@ -327,7 +330,6 @@ def _quantize_rows_h32_kernel(
     ok = ((rows < M)[:, None] & (blocks < n_blocks)[None, :])
     tl.store(data_ptr + word0[:, :, None] + tl.arange(0, 4)[None, None, :], words, mask=ok[:, :, None])
 
-    scale_codes = tl.where(finite, s + F32_BIAS, E8M0_NAN).to(tl.uint8)
     tl.store(scale_ptr + rows.to(tl.int64)[:, None] * n_blocks + blocks[None, :], scale_codes, mask=ok)
 
 
@@ -358,17 +360,14 @@ def _quantize_cols_kernel(
         if HAS_SIGNS:
             v = v * tl.load(signs_ptr + tl.arange(0, 32))[None, :]
         v = walsh_hadamard_butterfly(v, 5) * hadamard_scale
-        if ROUND_TO == "bf16":  # hadamard_transform returns the input dtype
-            v = round_to_bf16(v, NATIVE_CASTS)
-        elif ROUND_TO == "fp16":
-            v = v.to(tl.float16).to(tl.float32)
+        v = round_to_input_dtype(v, ROUND_TO, NATIVE_CASTS)  # hadamard_transform returns it
 
     amax = tl.reduce(tl.abs(v), 1, max_keeping_nan)
-    finite = amax < float("inf")  # NaN/Inf blocks: scale code 255, element codes 0
-    s = shared_exponent(amax.to(tl.int32, bitcast=True), RULE, EMAX, MAX_NORMAL, MBITS)
-    scaled = v * exp2_int(-s)[:, None]
-    limit = tl.where(finite, MAX_CODE, 0).to(tl.uint32)[:, None]
-    sign_weight = tl.where(finite, 8, 0).to(tl.uint32)[:, None]
+    inv_scale, limit, sign_weight, scale_codes = _block_scales(
+        amax.to(tl.int32, bitcast=True), amax < float("inf"), RULE, EMAX, MAX_NORMAL, MBITS, MAX_CODE, 4
+    )
+    scaled = v * inv_scale[:, None]
+    limit, sign_weight = limit[:, None], sign_weight[:, None]
     # Word w of an output row (a column of x) holds its elements 8w..8w+7: also their Philox counter.
     words = cols.to(tl.int64)[:, None] * (m_padded // 8) + (r0 // 8 + tl.arange(0, 4))[None, :]
     if STOCHASTIC:
@@ -378,7 +377,6 @@ def _quantize_cols_kernel(
     packed = tl.sum(tl.reshape(codes, [BLOCK_N, 4, 8]) << (tl.arange(0, 8) * 4)[None, None, :], axis=2)
     col_ok = (cols < N)[:, None]
     tl.store(data_ptr + words, packed, mask=col_ok)
-    scale_codes = tl.where(finite, s + F32_BIAS, E8M0_NAN).to(tl.uint8)
     tl.store(scale_ptr + cols.to(tl.int64) * (m_padded // 32) + r0 // 32, scale_codes, mask=cols < N)
 
 
