@@ -465,44 +465,35 @@ def _quantize(
     def wrap(out: tuple[torch.Tensor, torch.Tensor], axis: int) -> MXTensor:
         return MXTensor(out[0], out[1], fmt, axis, block_size, x.shape)
 
+    m_padded, n_padded = cdiv(M, block_size) * block_size, cdiv(N, block_size) * block_size
+    runtime = (0 if seed is None else seed, 1 / math.sqrt(hb) if hb else 1.0)  # seed, Hadamard scale
+    # Compile-time arguments every kernel takes: input handling, scale rule, rounding, format.
+    common = dict(
+        INPUT_BF16=x.dtype == torch.bfloat16, ROUND_TO=round_to, NATIVE_CASTS=x.is_cuda,
+        HAS_SIGNS=signs is not None, RULE=scale_rule, STOCHASTIC=rounding == "stochastic",
+        EMAX=efmt.emax, EMIN=efmt.emin, MBITS=efmt.mbits, MAX_NORMAL=efmt.max_normal,
+        MAX_CODE=_max_code(efmt), num_warps=tiling.num_warps,
+    )
     grid = (cdiv(M, tiling.block_m), cdiv(N, tiling.block_n))
     if kernel is _quantize_rows_h32_kernel:
-        _quantize_rows_h32_kernel[grid](
-            x_arg, signs_arg, row[0].view(torch.int32), row[1], M, N, x.stride(0),
-            -(-N // block_size) * block_size, 0 if seed is None else seed, 1 / math.sqrt(hb),
-            BLOCK_M=tiling.block_m, BLOCK_N=tiling.block_n, INPUT_BF16=x.dtype == torch.bfloat16,
-            ROUND_TO=round_to, NATIVE_CASTS=x.is_cuda, HAS_SIGNS=signs is not None,
-            RULE=scale_rule, STOCHASTIC=rounding == "stochastic", EMAX=efmt.emax, EMIN=efmt.emin,
-            MBITS=efmt.mbits, MAX_NORMAL=efmt.max_normal, MAX_CODE=_max_code(efmt),
-            num_warps=tiling.num_warps,
+        kernel[grid](
+            x_arg, signs_arg, row[0].view(torch.int32), row[1], M, N, x.stride(0), n_padded, *runtime,
+            BLOCK_M=tiling.block_m, BLOCK_N=tiling.block_n, **common,
         )
-        return wrap(row, 1), None
-    if kernel is _quantize_cols_kernel:
-        _quantize_cols_kernel[(cdiv(M, 32), cdiv(N, tiling.block_n))](
-            x_arg, signs_arg, col[0].view(torch.int32), col[1], M, N, x.stride(0),
-            -(-M // block_size) * block_size, 0 if seed is None else seed, 1 / math.sqrt(hb) if hb else 1.0,
-            BLOCK_N=tiling.block_n, HADAMARD=hb, INPUT_BF16=x.dtype == torch.bfloat16,
-            ROUND_TO=round_to, NATIVE_CASTS=x.is_cuda, HAS_SIGNS=signs is not None,
-            RULE=scale_rule, STOCHASTIC=rounding == "stochastic", EMAX=efmt.emax, EMIN=efmt.emin,
-            MBITS=efmt.mbits, MAX_NORMAL=efmt.max_normal, MAX_CODE=_max_code(efmt),
-            num_warps=tiling.num_warps,
+    elif kernel is _quantize_cols_kernel:
+        kernel[(cdiv(M, 32), cdiv(N, tiling.block_n))](
+            x_arg, signs_arg, col[0].view(torch.int32), col[1], M, N, x.stride(0), m_padded, *runtime,
+            BLOCK_N=tiling.block_n, HADAMARD=hb, **common,
         )
-        return None, wrap(col, 0)
-    _quantize_mx_kernel[grid](
-        x_arg, signs_arg, _as_units(row[0], efmt, per_unit), row[1],
-        _as_units(col[0], efmt, per_unit), col[1],
-        M, N, x.stride(0), x.stride(1),
-        -(-M // block_size) * block_size, -(-N // block_size) * block_size,
-        0 if seed is None else seed, 1 / math.sqrt(hb) if hb else 1.0,
-        ROWWISE=rowwise, COLWISE=colwise, BLOCK_M=tiling.block_m, BLOCK_N=tiling.block_n,
-        INPUT_BF16=x.dtype == torch.bfloat16, ROUND_TO=round_to, NATIVE_CASTS=x.is_cuda,
-        HADAMARD=hb, HADAMARD_STAGES=max(hb.bit_length() - 1, 0), HAS_SIGNS=signs is not None,
-        BLOCK_SIZE=block_size, RULE=scale_rule, STOCHASTIC=rounding == "stochastic",
-        EMAX=efmt.emax, EMIN=efmt.emin, MBITS=efmt.mbits, MAX_NORMAL=efmt.max_normal,
-        MAX_CODE=_max_code(efmt), ELEMENT_BITS=efmt.bits, CODES_PER_UNIT=per_unit,
-        num_warps=tiling.num_warps,
-    )
-
+    else:
+        _quantize_mx_kernel[grid](
+            x_arg, signs_arg, _as_units(row[0], efmt, per_unit), row[1],
+            _as_units(col[0], efmt, per_unit), col[1],
+            M, N, x.stride(0), x.stride(1), m_padded, n_padded, *runtime,
+            ROWWISE=rowwise, COLWISE=colwise, BLOCK_M=tiling.block_m, BLOCK_N=tiling.block_n,
+            HADAMARD=hb, HADAMARD_STAGES=max(hb.bit_length() - 1, 0), BLOCK_SIZE=block_size,
+            ELEMENT_BITS=efmt.bits, CODES_PER_UNIT=per_unit, **common,
+        )
     return (wrap(row, 1) if rowwise else None), (wrap(col, 0) if colwise else None)
 
 
