@@ -202,7 +202,7 @@ def _to_float32(x, INPUT_BF16: tl.constexpr):
     return x.to(tl.float32)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed"])  # a new seed every step must not recompile
 def _quantize_mx_kernel(
     x_ptr, signs_ptr, row_data_ptr, row_scale_ptr, col_data_ptr, col_scale_ptr,
     M, N, stride_m, stride_n, m_padded, n_padded, seed, hadamard_scale,
@@ -239,14 +239,18 @@ def _quantize_mx_kernel(
 
 
 @triton.jit
-def _h32_slice(x, signs_ptr, k: tl.constexpr, INPUT_BF16: tl.constexpr, HAS_SIGNS: tl.constexpr):
-    """Slice ``k`` (elements 8k..8k+7 of each block, [R, NB, 8]) after butterfly stages 1, 2, 4."""
+def _row_slice(x, signs_ptr, k: tl.constexpr, HADAMARD: tl.constexpr, INPUT_BF16: tl.constexpr,
+               HAS_SIGNS: tl.constexpr):
+    """Slice ``k`` (elements 8k..8k+7 of each block, [R, NB, 8]) as float32, after butterfly
+    stages 1, 2, 4 when ``HADAMARD``."""
     R: tl.constexpr = x.shape[0]
     NB: tl.constexpr = x.shape[1]
     v = _to_float32(x, INPUT_BF16)
-    if HAS_SIGNS:
-        v = v * tl.load(signs_ptr + 8 * k + tl.arange(0, 8))[None, None, :]
-    return tl.reshape(walsh_hadamard_butterfly(tl.reshape(v, [R * NB, 8]), 3), [R, NB, 8])
+    if HADAMARD > 0:
+        if HAS_SIGNS:
+            v = v * tl.load(signs_ptr + 8 * k + tl.arange(0, 8))[None, None, :]
+        v = tl.reshape(walsh_hadamard_butterfly(tl.reshape(v, [R * NB, 8]), 3), [R, NB, 8])
+    return v
 
 
 @triton.jit
@@ -262,8 +266,8 @@ def _h32_finish(v, hadamard_scale, ROUND_TO: tl.constexpr, NATIVE_CASTS: tl.cons
 
 
 @triton.jit
-def _h32_encode(v, inv_scale, limit, sign_weight, counters, seed,
-                STOCHASTIC: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr):
+def _row_word(v, inv_scale, limit, sign_weight, counters, seed,
+              STOCHASTIC: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr):
     """A slice's 8 codes packed into one 32-bit word per block, first code lowest."""
     R: tl.constexpr = v.shape[0]
     NB: tl.constexpr = v.shape[1]
@@ -276,15 +280,15 @@ def _h32_encode(v, inv_scale, limit, sign_weight, counters, seed,
     return tl.sum(codes << (tl.arange(0, 8) * 4)[None, None, :], axis=2)
 
 
-@triton.jit
-def _quantize_rows_h32_kernel(
+@triton.jit(do_not_specialize=["seed"])
+def _quantize_rows_kernel(
     x_ptr, signs_ptr, data_ptr, scale_ptr, M, N, stride_m, n_padded, seed, hadamard_scale,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INPUT_BF16: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HADAMARD: tl.constexpr, INPUT_BF16: tl.constexpr,
     ROUND_TO: tl.constexpr, NATIVE_CASTS: tl.constexpr, HAS_SIGNS: tl.constexpr,
     RULE: tl.constexpr, STOCHASTIC: tl.constexpr, EMAX: tl.constexpr, EMIN: tl.constexpr,
     MBITS: tl.constexpr, MAX_NORMAL: tl.constexpr, MAX_CODE: tl.constexpr,
 ):
-    """Row-wise MXFP4 with a 32-point Hadamard (block 32): the forward and dgrad operands.
+    """Row-wise MXFP4 (block 32, optional 32-point Hadamard): the forward and dgrad operands.
 
     The same arithmetic as ``_quantize_tile``, laid out so that no value crosses a lane: each
     block is loaded as four 8-wide slices (16-byte loads for bf16) that share one register
@@ -300,17 +304,18 @@ def _quantize_rows_h32_kernel(
     blocks = tl.program_id(1) * NB + tl.arange(0, NB)
     cols = (blocks * 32)[None, :, None] + tl.arange(0, 8)[None, None, :]  # slice 0 of each block
     offs = (rows.to(tl.int64) * stride_m)[:, None, None] + cols
-    ok = (rows < M)[:, None, None] & (cols < N)  # whole blocks only (N is a multiple of 32)
-    v0 = _h32_slice(tl.load(x_ptr + offs, mask=ok, other=0), signs_ptr, 0, INPUT_BF16, HAS_SIGNS)
-    v1 = _h32_slice(tl.load(x_ptr + offs + 8, mask=ok, other=0), signs_ptr, 1, INPUT_BF16, HAS_SIGNS)
-    v2 = _h32_slice(tl.load(x_ptr + offs + 16, mask=ok, other=0), signs_ptr, 2, INPUT_BF16, HAS_SIGNS)
-    v3 = _h32_slice(tl.load(x_ptr + offs + 24, mask=ok, other=0), signs_ptr, 3, INPUT_BF16, HAS_SIGNS)
-    # Stage 8 pairs slices (0, 1) and (2, 3); stage 16 pairs (0, 2) and (1, 3).
-    a0, a1, a2, a3 = v0 + v1, v0 - v1, v2 + v3, v2 - v3
-    v0 = _h32_finish(a0 + a2, hadamard_scale, ROUND_TO, NATIVE_CASTS)
-    v1 = _h32_finish(a1 + a3, hadamard_scale, ROUND_TO, NATIVE_CASTS)
-    v2 = _h32_finish(a0 - a2, hadamard_scale, ROUND_TO, NATIVE_CASTS)
-    v3 = _h32_finish(a1 - a3, hadamard_scale, ROUND_TO, NATIVE_CASTS)
+    row_ok = (rows < M)[:, None, None]  # columns past N load as zeros: the padding of a partial block
+    v0 = _row_slice(tl.load(x_ptr + offs, mask=row_ok & (cols < N), other=0), signs_ptr, 0, HADAMARD, INPUT_BF16, HAS_SIGNS)
+    v1 = _row_slice(tl.load(x_ptr + offs + 8, mask=row_ok & (cols + 8 < N), other=0), signs_ptr, 1, HADAMARD, INPUT_BF16, HAS_SIGNS)
+    v2 = _row_slice(tl.load(x_ptr + offs + 16, mask=row_ok & (cols + 16 < N), other=0), signs_ptr, 2, HADAMARD, INPUT_BF16, HAS_SIGNS)
+    v3 = _row_slice(tl.load(x_ptr + offs + 24, mask=row_ok & (cols + 24 < N), other=0), signs_ptr, 3, HADAMARD, INPUT_BF16, HAS_SIGNS)
+    if HADAMARD > 0:
+        # Stage 8 pairs slices (0, 1) and (2, 3); stage 16 pairs (0, 2) and (1, 3).
+        a0, a1, a2, a3 = v0 + v1, v0 - v1, v2 + v3, v2 - v3
+        v0 = _h32_finish(a0 + a2, hadamard_scale, ROUND_TO, NATIVE_CASTS)
+        v1 = _h32_finish(a1 + a3, hadamard_scale, ROUND_TO, NATIVE_CASTS)
+        v2 = _h32_finish(a0 - a2, hadamard_scale, ROUND_TO, NATIVE_CASTS)
+        v3 = _h32_finish(a1 - a3, hadamard_scale, ROUND_TO, NATIVE_CASTS)
 
     amax = max_keeping_nan(max_keeping_nan(tl.abs(v0), tl.abs(v1)), max_keeping_nan(tl.abs(v2), tl.abs(v3)))
     amax = tl.reduce(amax, 2, max_keeping_nan)
@@ -322,10 +327,10 @@ def _quantize_rows_h32_kernel(
     # Word w of a row holds elements 8w..8w+7; its index is also their Philox counter.
     n_blocks = n_padded // 32
     word0 = rows.to(tl.int64)[:, None] * (n_padded // 8) + (blocks * 4)[None, :]
-    w0 = _h32_encode(v0, inv_scale, limit, sign_weight, word0, seed, STOCHASTIC, MBITS, EMIN)
-    w1 = _h32_encode(v1, inv_scale, limit, sign_weight, word0 + 1, seed, STOCHASTIC, MBITS, EMIN)
-    w2 = _h32_encode(v2, inv_scale, limit, sign_weight, word0 + 2, seed, STOCHASTIC, MBITS, EMIN)
-    w3 = _h32_encode(v3, inv_scale, limit, sign_weight, word0 + 3, seed, STOCHASTIC, MBITS, EMIN)
+    w0 = _row_word(v0, inv_scale, limit, sign_weight, word0, seed, STOCHASTIC, MBITS, EMIN)
+    w1 = _row_word(v1, inv_scale, limit, sign_weight, word0 + 1, seed, STOCHASTIC, MBITS, EMIN)
+    w2 = _row_word(v2, inv_scale, limit, sign_weight, word0 + 2, seed, STOCHASTIC, MBITS, EMIN)
+    w3 = _row_word(v3, inv_scale, limit, sign_weight, word0 + 3, seed, STOCHASTIC, MBITS, EMIN)
     words = tl.reshape(tl.join(tl.join(w0, w2), tl.join(w1, w3)), [BLOCK_M, NB, 4])  # w0 w1 w2 w3
     ok = ((rows < M)[:, None] & (blocks < n_blocks)[None, :])
     tl.store(data_ptr + word0[:, :, None] + tl.arange(0, 4)[None, None, :], words, mask=ok[:, :, None])
@@ -333,7 +338,7 @@ def _quantize_rows_h32_kernel(
     tl.store(scale_ptr + rows.to(tl.int64)[:, None] * n_blocks + blocks[None, :], scale_codes, mask=ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed"])
 def _quantize_cols_kernel(
     x_ptr, signs_ptr, data_ptr, scale_ptr, M, N, stride_m, m_padded, seed, hadamard_scale,
     BLOCK_N: tl.constexpr, HADAMARD: tl.constexpr, INPUT_BF16: tl.constexpr,
@@ -387,37 +392,91 @@ def _max_code(efmt: ElementFormat) -> int:
     return int((encode_e2m1(top) if efmt.bits == 4 else encode_fp8(top, efmt))[0])
 
 
-def _allocate(
-    outer: int, length: int, efmt: ElementFormat, block_size: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    padded = -(-length // block_size) * block_size
-    data = torch.empty(outer, padded * efmt.bits // 8, dtype=torch.uint8, device=device)
-    scales = torch.empty(outer, padded // block_size, dtype=torch.uint8, device=device)
-    return data, scales
-
-
 def _codes_per_unit(efmt: ElementFormat, block_size: int) -> int:
     """Codes per store unit: a 32-bit word where a block fills whole words, else a byte."""
     unit_bits = 32 if block_size * efmt.bits % 32 == 0 else 8
     return unit_bits // efmt.bits
 
 
-def _as_units(data: torch.Tensor | None, efmt: ElementFormat, per_unit: int) -> torch.Tensor | None:
-    """The uint8 codes storage as the kernel writes it: int32 words or bytes."""
-    if data is None or per_unit * efmt.bits == 8:
-        return data
-    return data.view(torch.int32)
+@dataclass(frozen=True)
+class _LaunchPlan:
+    """What a quantize call needs besides its tensors: it depends only on shapes and options,
+    so it is built (and checked) once per distinct call and cached; a training step makes
+    hundreds of calls, and the Python that builds this costs more than the launch itself."""
+
+    kernel: triton.JITFunction
+    grid: tuple[int, int]
+    row_shapes: tuple[tuple[int, int], tuple[int, int]] | None  # (codes bytes, scales) per orientation
+    col_shapes: tuple[tuple[int, int], tuple[int, int]] | None
+    word_units: bool  # the kernel writes codes as int32 words (else bytes)
+    sizes: tuple[int, ...]  # the integer arguments between the pointers and the seed
+    hadamard_scale: float
+    constexprs: dict
 
 
-def _block_per_thread_kernel(x, efmt: ElementFormat, block_size: int, hb: int, rowwise: bool, colwise: bool):
-    """The MXFP4 kernel that keeps whole blocks in a thread for this call, or None (general kernel)."""
-    if efmt.bits != 4 or block_size != 32 or x.stride(1) != 1:
-        return None
-    if rowwise and not colwise and hb == 32:
-        return _quantize_rows_h32_kernel
-    if colwise and not rowwise and hb in (0, 32):
-        return _quantize_cols_kernel
-    return None
+def _storage_shapes(outer: int, length: int, efmt: ElementFormat, block_size: int):
+    padded = -(-length // block_size) * block_size
+    return (outer, padded * efmt.bits // 8), (outer, padded // block_size)
+
+
+@functools.lru_cache(maxsize=4096)
+def _launch_plan(
+    M: int, N: int, dtype: torch.dtype, strides: tuple[int, int], on_cuda: bool, fmt: str,
+    rowwise: bool, colwise: bool, block_size: int, scale_rule: str, rounding: str, hb: int,
+    signs_shape: tuple[int, ...] | None, tiling: QuantizeTiling | None,
+) -> _LaunchPlan:
+    if block_size & (block_size - 1):
+        raise ValueError(f"the fused quantizer needs a power-of-two block_size, got {block_size}")
+    if signs_shape is not None and not hb:
+        raise ValueError("signs are only used with a hadamard_block_size")
+    if hb:
+        signs = None if signs_shape is None else torch.empty(signs_shape, device="meta")
+        for length in (N,) * rowwise + (M,) * colwise:
+            check_hadamard_args(length, hb, signs)
+    efmt = ELEMENT_FORMATS[fmt]
+    kernel = None
+    if efmt.bits == 4 and block_size == 32 and strides[1] == 1 and hb in (0, 32) and rowwise != colwise:
+        kernel = _quantize_rows_kernel if rowwise else _quantize_cols_kernel  # whole blocks in a thread
+    orientation = "both" if rowwise and colwise else "rowwise" if rowwise else "colwise"
+    if tiling is None:
+        general_colwise = kernel is None and orientation == "colwise" and on_cuda
+        tiling = GENERAL_COLWISE_TILING if general_colwise else default_tiling(
+            orientation, torch.device("cuda" if on_cuda else "cpu"), bool(hb))
+    whole_blocks = max(block_size, hb)  # a tile's block axis holds whole MX and Hadamard blocks
+    tiling = tiling.fit(whole_blocks if colwise else 1, whole_blocks if rowwise else 1)
+
+    m_padded, n_padded = cdiv(M, block_size) * block_size, cdiv(N, block_size) * block_size
+    # Compile-time arguments every kernel takes: input handling, scale rule, rounding, format.
+    constexprs = dict(
+        INPUT_BF16=dtype == torch.bfloat16, ROUND_TO={torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, ""),
+        NATIVE_CASTS=on_cuda, HAS_SIGNS=signs_shape is not None, RULE=scale_rule,
+        STOCHASTIC=rounding == "stochastic", EMAX=efmt.emax, EMIN=efmt.emin, MBITS=efmt.mbits,
+        MAX_NORMAL=efmt.max_normal, MAX_CODE=_max_code(efmt), num_warps=tiling.num_warps,
+    )
+    grid = (cdiv(M, tiling.block_m), cdiv(N, tiling.block_n))
+    hadamard_scale = 1 / math.sqrt(hb) if hb else 1.0
+    per_unit = _codes_per_unit(efmt, block_size)
+    if kernel is _quantize_rows_kernel:
+        sizes = (M, N, strides[0], n_padded)
+        constexprs.update(BLOCK_M=tiling.block_m, BLOCK_N=tiling.block_n, HADAMARD=hb)
+    elif kernel is _quantize_cols_kernel:
+        grid = (cdiv(M, 32), cdiv(N, tiling.block_n))
+        sizes = (M, N, strides[0], m_padded)
+        constexprs.update(BLOCK_N=tiling.block_n, HADAMARD=hb)
+    else:
+        kernel = _quantize_mx_kernel
+        sizes = (M, N, strides[0], strides[1], m_padded, n_padded)
+        constexprs.update(
+            ROWWISE=rowwise, COLWISE=colwise, BLOCK_M=tiling.block_m, BLOCK_N=tiling.block_n,
+            HADAMARD=hb, HADAMARD_STAGES=max(hb.bit_length() - 1, 0), BLOCK_SIZE=block_size,
+            ELEMENT_BITS=efmt.bits, CODES_PER_UNIT=per_unit,
+        )
+    return _LaunchPlan(
+        kernel, grid,
+        _storage_shapes(M, N, efmt, block_size) if rowwise else None,
+        _storage_shapes(N, M, efmt, block_size) if colwise else None,
+        per_unit * efmt.bits == 32, sizes, hadamard_scale, constexprs,
+    )
 
 
 def _quantize(
@@ -437,64 +496,27 @@ def _quantize(
     check_quantize_args(x, fmt, block_size, scale_rule, rounding)
     if x.dim() != 2:
         raise ValueError(f"the fused quantizer takes 2-D tensors, got shape {tuple(x.shape)}")
-    if block_size & (block_size - 1):
-        raise ValueError(f"the fused quantizer needs a power-of-two block_size, got {block_size}")
-    if signs is not None and not hadamard_block_size:
-        raise ValueError("signs are only used with a hadamard_block_size")
     M, N = x.shape
-    hb = hadamard_block_size or 0
-    if hb:
-        for length in (N,) * rowwise + (M,) * colwise:
-            check_hadamard_args(length, hb, signs)
-    efmt = ELEMENT_FORMATS[fmt]
-    kernel = _block_per_thread_kernel(x, efmt, block_size, hb, rowwise, colwise)
-    if tiling is None:
-        orientation = "both" if rowwise and colwise else "rowwise" if rowwise else "colwise"
-        general_colwise = kernel is None and orientation == "colwise" and x.is_cuda
-        tiling = GENERAL_COLWISE_TILING if general_colwise else default_tiling(orientation, x.device, bool(hb))
-
-    whole_blocks = max(block_size, hb)  # a tile's block axis holds whole MX and Hadamard blocks
-    tiling = tiling.fit(whole_blocks if colwise else 1, whole_blocks if rowwise else 1)
-    row = _allocate(M, N, efmt, block_size, x.device) if rowwise else (None, None)
-    col = _allocate(N, M, efmt, block_size, x.device) if colwise else (None, None)
-    per_unit = _codes_per_unit(efmt, block_size)
-    signs_arg = x if signs is None else signs.to(device=x.device, dtype=torch.float32).contiguous()
-    x_arg = x.view(torch.int16) if x.dtype == torch.bfloat16 else x
-    round_to = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(x.dtype, "")
-
-    def wrap(out: tuple[torch.Tensor, torch.Tensor], axis: int) -> MXTensor:
-        return MXTensor(out[0], out[1], fmt, axis, block_size, x.shape)
-
-    m_padded, n_padded = cdiv(M, block_size) * block_size, cdiv(N, block_size) * block_size
-    runtime = (0 if seed is None else seed, 1 / math.sqrt(hb) if hb else 1.0)  # seed, Hadamard scale
-    # Compile-time arguments every kernel takes: input handling, scale rule, rounding, format.
-    common = dict(
-        INPUT_BF16=x.dtype == torch.bfloat16, ROUND_TO=round_to, NATIVE_CASTS=x.is_cuda,
-        HAS_SIGNS=signs is not None, RULE=scale_rule, STOCHASTIC=rounding == "stochastic",
-        EMAX=efmt.emax, EMIN=efmt.emin, MBITS=efmt.mbits, MAX_NORMAL=efmt.max_normal,
-        MAX_CODE=_max_code(efmt), num_warps=tiling.num_warps,
+    plan = _launch_plan(
+        M, N, x.dtype, x.stride(), x.is_cuda, fmt, rowwise, colwise, block_size, scale_rule, rounding,
+        hadamard_block_size or 0, None if signs is None else tuple(signs.shape), tiling,
     )
-    grid = (cdiv(M, tiling.block_m), cdiv(N, tiling.block_n))
-    if kernel is _quantize_rows_h32_kernel:
-        kernel[grid](
-            x_arg, signs_arg, row[0].view(torch.int32), row[1], M, N, x.stride(0), n_padded, *runtime,
-            BLOCK_M=tiling.block_m, BLOCK_N=tiling.block_n, **common,
-        )
-    elif kernel is _quantize_cols_kernel:
-        kernel[(cdiv(M, 32), cdiv(N, tiling.block_n))](
-            x_arg, signs_arg, col[0].view(torch.int32), col[1], M, N, x.stride(0), m_padded, *runtime,
-            BLOCK_N=tiling.block_n, HADAMARD=hb, **common,
-        )
-    else:
-        _quantize_mx_kernel[grid](
-            x_arg, signs_arg, _as_units(row[0], efmt, per_unit), row[1],
-            _as_units(col[0], efmt, per_unit), col[1],
-            M, N, x.stride(0), x.stride(1), m_padded, n_padded, *runtime,
-            ROWWISE=rowwise, COLWISE=colwise, BLOCK_M=tiling.block_m, BLOCK_N=tiling.block_n,
-            HADAMARD=hb, HADAMARD_STAGES=max(hb.bit_length() - 1, 0), BLOCK_SIZE=block_size,
-            ELEMENT_BITS=efmt.bits, CODES_PER_UNIT=per_unit, **common,
-        )
-    return (wrap(row, 1) if rowwise else None), (wrap(col, 0) if colwise else None)
+    pointers = [x.view(torch.int16) if x.dtype == torch.bfloat16 else x,
+                x if signs is None else signs.to(device=x.device, dtype=torch.float32).contiguous()]
+    results = []
+    for axis, shapes in ((1, plan.row_shapes), (0, plan.col_shapes)):
+        if shapes is None:
+            results.append(None)
+            if plan.kernel is _quantize_mx_kernel:
+                pointers += [None, None]  # the orientation it does not write
+            continue
+        data = torch.empty(shapes[0], dtype=torch.uint8, device=x.device)
+        scales = torch.empty(shapes[1], dtype=torch.uint8, device=x.device)
+        pointers += [data.view(torch.int32) if plan.word_units else data, scales]
+        results.append(MXTensor(data, scales, fmt, axis, block_size, x.shape))
+    seed = 0 if seed is None else seed
+    plan.kernel[plan.grid](*pointers, *plan.sizes, seed, plan.hadamard_scale, **plan.constexprs)
+    return results[0], results[1]
 
 
 def quantize_mx_triton(
