@@ -25,6 +25,7 @@ HEADLINES = {
 }
 # Further figures a section reports next to its headline.
 EXTRA_FIGURES = {
+    "quantize_rowwise_fraction_of_copy_bw": "fused quantizer, row-wise RN without Hadamard, fraction of copy bandwidth",
     "saved_activation_compression": "saved activations, BF16 / AdaHOP, calibrated lv2 mix",
     "linear_fwd_bwd_speedup_vs_bf16_lv1": "AdaHOPLinear fwd+bwd, calibrated lv1 mix vs nn.Linear",
     "saved_activation_compression_lv1": "saved activations, BF16 / AdaHOP, calibrated lv1 mix",

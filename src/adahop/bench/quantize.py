@@ -132,6 +132,8 @@ def run(rows: int = 16384, cols: int = 4096, hadamard_block_size: int = 32, swee
         "copy_gb_per_s": copy,
         # Worst round-to-nearest case (either orientation or both, with or without Hadamard).
         "quantize_fraction_of_copy_bw": min(nearest),
+        # The plain case: row-wise, round to nearest, no Hadamard (forward operands under MXFP4).
+        "quantize_rowwise_fraction_of_copy_bw": results["rowwise", None, "nearest"].fraction_of_copy,
         "best_fraction_of_copy_bw": max(r.fraction_of_copy for r in results.values()),
         "both_time_vs_two_calls": both_vs_separate,
         "cases": [asdict(r) for r in results.values()],

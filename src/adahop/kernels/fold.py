@@ -232,17 +232,17 @@ def fold_to_fp8(mx: MXTensor, config: FoldConfig = FoldConfig()) -> FoldedFP8:
     if not (mx.device.type == "cuda" or INTERPRET) or mx.block_size % (2 * PIECE_BYTES):
         return fold_to_fp8_reference(mx)  # no Triton device, or blocks the tiles can't split
     n_rows, n_blocks = mx.scales.shape
-    data = torch.empty(n_rows, n_blocks * mx.block_size, dtype=torch.float8_e4m3fn, device=mx.device)
-    row_scale = torch.empty(n_rows, dtype=torch.float32, device=mx.device)
-    lossy = torch.empty(n_rows, dtype=torch.int32, device=mx.device)
+    device = mx.data.device
+    data = torch.empty(n_rows, n_blocks * mx.block_size // 2, dtype=torch.int16, device=device)
+    row_info = torch.empty(2, n_rows, dtype=torch.int32, device=device)  # scale bits, lossy counts
     grid = (cdiv(n_rows, config.block_r),)
     _fold_kernel[grid](
         mx.data.contiguous(),
         mx.scales.contiguous(),
-        byte_pair_lut(mx.device),
-        data.view(torch.int16),
-        row_scale.view(torch.int32),
-        lossy,
+        byte_pair_lut(device),
+        data,
+        row_info[0],
+        row_info[1],
         n_rows,
         n_blocks,
         HALF_BLOCK=mx.block_size // 2,
@@ -251,4 +251,4 @@ def fold_to_fp8(mx: MXTensor, config: FoldConfig = FoldConfig()) -> FoldedFP8:
         SCALE_CHUNK=config.scale_chunk,
         num_warps=config.num_warps,
     )
-    return FoldedFP8(data, row_scale, lossy)
+    return FoldedFP8(data.view(torch.float8_e4m3fn), row_info[0].view(torch.float32), row_info[1])

@@ -124,6 +124,7 @@ class AdaHOPLinear(nn.Linear):
         # non-persistent buffer so it follows .to(device) and leaves the state_dict keys alone.
         self.register_buffer("hadamard_signs", self._make_signs(device), persistent=False)
         self._hooks = None
+        self._build_specs()
         self.plan: LayerPlan | None = None
         if self.recipe.adaptive:
             self._hooks = attach_pattern_hooks(self, self.votes, self.recipe.pattern_threshold)
@@ -142,6 +143,7 @@ class AdaHOPLinear(nn.Linear):
         layer.weight = linear.weight
         layer.bias = linear.bias
         layer.hadamard_signs = layer._make_signs(linear.weight.device)
+        layer._build_specs()
         return layer
 
     def _make_signs(self, device) -> torch.Tensor | None:
@@ -169,15 +171,21 @@ class AdaHOPLinear(nn.Linear):
             self.set_plan(self.votes.plan(self.recipe.table))
 
     # ---- forward ------------------------------------------------------------------------
-    def _gemm_config(self, seeds: torch.Tensor) -> GemmConfig:
+    def _build_specs(self) -> None:
+        """The (X and W, dY) quantization specs, built when the signs buffer is set (here and
+        after ``.to()``) rather than on every forward."""
         r = self.recipe
         act = QuantSpec(r.fmt, r.block_size, r.scale_rule, r.rounding, r.hadamard_block_size, self.hadamard_signs)
-        grad = dataclasses.replace(act, rounding=r.grad_rounding)
-        return GemmConfig(
-            self.plan, act, grad, r.oe_k,
-            dgrad_seed=seeds[0],
-            wgrad_seed=seeds[1],
-        )
+        self._specs = (act, dataclasses.replace(act, rounding=r.grad_rounding))
+
+    def _apply(self, fn, recurse: bool = True):
+        module = super()._apply(fn, recurse)
+        self._build_specs()  # the signs buffer may be a new tensor now
+        return module
+
+    def _gemm_config(self, seeds: torch.Tensor) -> GemmConfig:
+        act, grad = self._specs
+        return GemmConfig(self.plan, act, grad, self.recipe.oe_k, dgrad_seed=seeds[0], wgrad_seed=seeds[1])
 
     def _check_input(self, x: torch.Tensor) -> None:
         if self.weight.dim() != 2:
@@ -193,7 +201,7 @@ class AdaHOPLinear(nn.Linear):
         self._check_input(x)
         if self.plan is None:
             self._maybe_freeze()
-        if self.plan is None or set(self.plan.strategies().values()) == {Strategy.BF16}:
+        if self.plan is None or self.plan.all_bf16:
             return F.linear(x, self.weight, self.bias)
 
         weight, bias = self.weight, self.bias

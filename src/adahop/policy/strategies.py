@@ -181,6 +181,11 @@ class LayerPlan:
     def strategies(self) -> dict[str, Strategy]:
         return {gemm: getattr(self, gemm) for gemm in GEMMS}
 
+    @property
+    def all_bf16(self) -> bool:
+        """Every GEMM in BF16: the layer is plain ``nn.Linear``."""
+        return self.forward is self.dgrad is self.wgrad is Strategy.BF16
+
     def to_dict(self) -> dict:
         out: dict = {gemm: s.value for gemm, s in self.strategies().items()}
         if self.patterns is not None:
