@@ -115,7 +115,8 @@ def measure(recipe: str, preset: str, data) -> dict:
 def measure_in_fresh_process(recipe: str, preset: str) -> dict:
     """:func:`measure` in a process of its own. A step of many small launches is host-bound, and
     its Python runs measurably slower in a process that has already run other benchmarks (the
-    same adahop_lv2 step took 177 ms alone and 274 ms after the other sections on one H200)."""
+    same adahop_lv2 step took 190 ms in a fresh process and 274 ms after the other sections, on
+    the same kind of H200)."""
     from ..data import prepare_data
 
     return measure(recipe, preset, prepare_data("stdlib", progress=False))

@@ -87,7 +87,7 @@ class QuantizeTiling:
 INTERPRETER_TILING = QuantizeTiling(block_m=128, block_n=256, num_warps=1)
 # Per orientation and Hadamard, the fastest tiling (over both roundings) of the H200 sweep in
 # benchmarks/results/2026-12-02-h200-pass5-quantize-sweep.json; row-wise with Hadamard from the
-# same-run comparison in 2026-12-02-h200-pass9-quantize-ab.txt.
+# same-run comparison in 2026-12-02-h200-pass10-quantize-ab.txt.
 # Row-wise MXFP4 (block 32) with a Hadamard or stochastic rounding and column-wise MXFP4 run their
 # own kernels, which keep whole blocks in a thread; the column-wise one reads ``block_n`` columns
 # of one block of 32 rows.
@@ -441,7 +441,7 @@ def _launch_plan(
         kernel = _quantize_rows_kernel if rowwise else _quantize_cols_kernel  # whole blocks in a thread
         if rowwise and not hb and rounding == "nearest":
             # Fewer instructions, yet slower on the H200: 0.64 of copy against the general
-            # kernel's 0.78 (benchmarks/results/2026-12-02-h200-pass9-quantize-ab.txt).
+            # kernel's 0.78 (benchmarks/results/2026-12-02-h200-pass10-quantize-ab.txt).
             kernel = None
     orientation = "both" if rowwise and colwise else "rowwise" if rowwise else "colwise"
     if tiling is None:
