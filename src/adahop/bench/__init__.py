@@ -95,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="adahop bench", description=__doc__)
     parser.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated subset of {SECTIONS}")
     parser.add_argument("--out", type=Path, help="write <out>.json and <out>.md")
+    parser.add_argument("--quantize-sweep", action="store_true",
+                        help="time every candidate tiling of the quantizer and report the fastest of each case")
     args = parser.parse_args(argv)
     sections = [s for s in args.only.split(",") if s]
     unknown = sorted(set(sections) - set(SECTIONS))
@@ -107,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("benchmarks need a CUDA GPU")
     report = environment()
     for section in sections:
-        result = importlib.import_module(f"{__name__}.{section}").run()
+        options = {"sweep": True} if section == "quantize" and args.quantize_sweep else {}
+        result = importlib.import_module(f"{__name__}.{section}").run(**options)
         report[section] = result
         for key in (HEADLINES[section][0], *EXTRA_FIGURES):
             if key in result:

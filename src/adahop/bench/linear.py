@@ -13,6 +13,8 @@ dgrad (weight-derived, 0.53 bytes per parameter), which the total ratio includes
 from __future__ import annotations
 
 import copy
+import gc
+import statistics
 from collections import Counter
 
 import torch
@@ -34,6 +36,7 @@ FIXED_PLANS = {
     "lv2_dy_row": LayerPlan(Strategy.IHT, Strategy.OE_LEFT, Strategy.BF16),
 }
 CALIBRATION_STEPS = 20
+ROUNDS = 3
 
 
 def calibrated_mlp_plans(steps: int = CALIBRATION_STEPS + 2) -> dict[str, dict[str, LayerPlan]]:
@@ -78,11 +81,24 @@ def fwd_bwd_ms(module: nn.Module, x: torch.Tensor, grad: torch.Tensor) -> float:
     return ms_of(step)
 
 
-def run(tokens: int = TOKENS, plans: dict[str, dict[str, LayerPlan]] | None = None) -> dict:
-    """Times per shape and plan, ratios to BF16 nn.Linear measured in the same run."""
+def release_memory(x: torch.Tensor) -> None:
+    """Return the caching allocator's blocks to the device between layers: a layer timed while a
+    previous one's gradients and cached blocks are still held measured up to 20% slower."""
+    x.grad = None
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def run(tokens: int = TOKENS, plans: dict[str, dict[str, LayerPlan]] | None = None, rounds: int = ROUNDS) -> dict:
+    """Times per shape and plan, ratios to BF16 nn.Linear measured in the same run.
+
+    Each round times BF16 and every plan once, each on a freshly built layer; a plan's time is its
+    median over the rounds, so slow drift of the machine spreads over all plans alike.
+    """
     mixes = calibrated_mlp_plans() if plans is None else plans
     results = {
         "calibrated_plans": {t: {k: p.to_dict() for k, p in mix.items()} for t, mix in mixes.items()},
+        "rounds": rounds,
         "shapes": {},
     }
     ratios: dict[str, list[float]] = {"speed_lv2": [], "act_lv2": [], "speed_lv1": [], "act_lv1": []}
@@ -91,29 +107,47 @@ def run(tokens: int = TOKENS, plans: dict[str, dict[str, LayerPlan]] | None = No
         ref = nn.Linear(fan_in, fan_out, bias=False, device="cuda", dtype=torch.bfloat16)
         x = torch.randn(tokens, fan_in, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         grad = torch.randn(tokens, fan_out, device="cuda", dtype=torch.bfloat16)
-        base_ms = fwd_bwd_ms(ref, x, grad)
-        base_saved = saved_activation_bytes(ref, x)
-        weight_copy = fan_in * fan_out * (0.5 + 1 / 32)  # W in MXFP4 along out, for dgrad
-        row = {"bf16_ms": base_ms, "plans": {}}
-        calibrated = {f"{t}_calibrated": mix[kind] for t, mix in mixes.items()}
-        for name, plan in {**FIXED_PLANS, **calibrated}.items():
+        all_plans = {**FIXED_PLANS, **{f"{t}_calibrated": mix[kind] for t, mix in mixes.items()}}
+
+        def build(name: str) -> nn.Module:
+            if name == "bf16":
+                return ref
             layer = AdaHOPLinear.from_linear(copy.deepcopy(ref), "adahop_lv2")
-            layer.set_plan(plan)
-            ms = fwd_bwd_ms(layer, x, grad)
-            saved = saved_activation_bytes(layer, x)
+            layer.set_plan(all_plans[name])
+            return layer
+
+        times: dict[str, list[float]] = {name: [] for name in ("bf16", *all_plans)}
+        saved: dict[str, int] = {}
+        for _ in range(rounds):
+            for name in times:
+                module = build(name)
+                times[name].append(fwd_bwd_ms(module, x, grad))
+                if name not in saved:
+                    saved[name] = saved_activation_bytes(module, x)
+                del module
+                release_memory(x)
+        base_ms, base_saved = statistics.median(times["bf16"]), saved["bf16"]
+        weight_copy = fan_in * fan_out * (0.5 + 1 / 32)  # W in MXFP4 along out, for dgrad
+        row = {"bf16_ms": base_ms, "bf16_ms_rounds": times["bf16"], "plans": {}}
+        for name, plan in all_plans.items():
+            ms = statistics.median(times[name])
             w_saved = weight_copy if plan.dgrad is not Strategy.BF16 else 0
             row["plans"][name] = {
                 "plan": plan.to_dict(),
                 "ms": ms,
+                "ms_rounds": times[name],
                 "speedup_vs_bf16": base_ms / ms,
-                "saved_activation_compression": base_saved / (saved - w_saved),
-                "saved_total_compression": base_saved / saved,
+                "saved_activation_compression": base_saved / (saved[name] - w_saved),
+                "saved_total_compression": base_saved / saved[name],
             }
         results["shapes"][kind] = row
         for table in ("lv2", "lv1"):
             timed = row["plans"][f"{table}_calibrated"]
             ratios[f"speed_{table}"].append(timed["speedup_vs_bf16"])
             ratios[f"act_{table}"].append(timed["saved_activation_compression"])
+        del ref, x, grad
+        gc.collect()
+        torch.cuda.empty_cache()
     results["linear_fwd_bwd_speedup_vs_bf16"] = geomean(ratios["speed_lv2"])
     results["saved_activation_compression"] = geomean(ratios["act_lv2"])
     results["linear_fwd_bwd_speedup_vs_bf16_lv1"] = geomean(ratios["speed_lv1"])

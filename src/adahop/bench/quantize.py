@@ -4,12 +4,12 @@ Bandwidth counts the bytes the kernel must move (input read once, packed codes a
 written) and is reported as a fraction of the copy's (bytes read + written). Both are timed
 inside CUDA graphs, so the numbers are the kernels' own; ``call_ms`` is the eager call with its
 Python and launch overhead (about 0.16 ms on the H200 host, longer than the kernels at
-16384x4096). Cases run with the default tiling of their orientation; ``--sweep`` also times every tiling in ``TILINGS`` and
-keeps the fastest. Sweep variants are compiled first by a pool of processes (each fills
-Triton's on-disk cache from a small input with the same specialization), so the timed loop
-only loads binaries. "both" is also compared with the two single-orientation calls it replaces.
+16384x4096). Cases run with the default tiling of their orientation; a sweep
+(``adahop bench --quantize-sweep``) times every tiling in ``TILINGS`` and keeps the fastest.
+Sweep variants are compiled first by a pool of processes (each fills Triton's on-disk cache
+from a small input with the same specialization), so the timed loop only loads binaries. "both" is also compared with the two single-orientation calls it replaces.
 
-Run as the ``quantize`` section of ``adahop bench`` (``run(sweep=True)`` tries every tiling).
+Run as the ``quantize`` section of ``adahop bench``.
 """
 
 from __future__ import annotations
@@ -30,13 +30,26 @@ from ..kernels.quantize import (
     quantize_mx_triton_both,
 )
 
+# Candidates of ``--quantize-sweep``: tile areas of 1-32K elements on 1-8 warps.
 TILINGS = (
-    QuantizeTiling(block_m=32, block_n=128, num_warps=4),
-    QuantizeTiling(block_m=64, block_n=128, num_warps=4),
-    QuantizeTiling(block_m=32, block_n=256, num_warps=4),
+    QuantizeTiling(block_m=8, block_n=256, num_warps=2),
+    QuantizeTiling(block_m=16, block_n=128, num_warps=1),
+    QuantizeTiling(block_m=16, block_n=128, num_warps=2),
+    QuantizeTiling(block_m=16, block_n=256, num_warps=4),
+    QuantizeTiling(block_m=16, block_n=512, num_warps=8),
     QuantizeTiling(block_m=32, block_n=32, num_warps=1),
     QuantizeTiling(block_m=32, block_n=64, num_warps=1),
     QuantizeTiling(block_m=32, block_n=128, num_warps=1),
+    QuantizeTiling(block_m=32, block_n=128, num_warps=2),
+    QuantizeTiling(block_m=32, block_n=128, num_warps=4),
+    QuantizeTiling(block_m=32, block_n=256, num_warps=4),
+    QuantizeTiling(block_m=32, block_n=256, num_warps=8),
+    QuantizeTiling(block_m=64, block_n=64, num_warps=2),
+    QuantizeTiling(block_m=64, block_n=128, num_warps=4),
+    QuantizeTiling(block_m=64, block_n=128, num_warps=8),
+    QuantizeTiling(block_m=64, block_n=256, num_warps=4),
+    QuantizeTiling(block_m=64, block_n=256, num_warps=8),
+    QuantizeTiling(block_m=128, block_n=128, num_warps=8),
 )
 ORIENTATIONS = ("rowwise", "colwise", "both")
 ROUNDINGS = ("nearest", "stochastic")

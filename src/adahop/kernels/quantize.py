@@ -85,18 +85,18 @@ class QuantizeTiling:
 
 # The interpreter pays milliseconds per program: give each one a large tile.
 INTERPRETER_TILING = QuantizeTiling(block_m=128, block_n=256, num_warps=1)
-# Per orientation and Hadamard, the fastest tiling (over both roundings) of the H200 sweep in
-# benchmarks/results/2026-12-02-h200-pass5-quantize-sweep.json; row-wise with Hadamard from the
-# same-run comparison in 2026-12-02-h200-pass10-quantize-ab.txt.
+# Per orientation and Hadamard, the tiling with the least round-to-nearest plus stochastic time in
+# the H200 sweep benchmarks/results/2026-12-03-h200-quantize-sweep.json (the top few of each case
+# are within 1-3%, the run-to-run noise).
 # Row-wise MXFP4 (block 32) with a Hadamard or stochastic rounding and column-wise MXFP4 run their
 # own kernels, which keep whole blocks in a thread; the column-wise one reads ``block_n`` columns
 # of one block of 32 rows.
 CUDA_TILINGS = {
-    ("rowwise", False): QuantizeTiling(block_m=32, block_n=128, num_warps=4),
-    ("rowwise", True): QuantizeTiling(block_m=16, block_n=128, num_warps=2),
-    ("colwise", False): QuantizeTiling(block_m=32, block_n=256, num_warps=4),
-    ("colwise", True): QuantizeTiling(block_m=32, block_n=256, num_warps=4),
-    ("both", False): QuantizeTiling(block_m=32, block_n=64, num_warps=1),
+    ("rowwise", False): QuantizeTiling(block_m=16, block_n=128, num_warps=1),
+    ("rowwise", True): QuantizeTiling(block_m=8, block_n=256, num_warps=2),
+    ("colwise", False): QuantizeTiling(block_m=32, block_n=128, num_warps=2),
+    ("colwise", True): QuantizeTiling(block_m=32, block_n=128, num_warps=2),
+    ("both", False): QuantizeTiling(block_m=16, block_n=128, num_warps=1),
     ("both", True): QuantizeTiling(block_m=32, block_n=128, num_warps=4),
 }
 # Column-wise cases the general kernel serves (other formats and block sizes): a block must not
