@@ -25,6 +25,7 @@ HEADLINES = {
 }
 # Further figures a section reports next to its headline.
 EXTRA_FIGURES = {
+    "oe_split_slowdown_vs_mxfp4": "OE split GEMM (k = 64, worst shape and side), time over plain MXFP4 GEMM, minus 1",
     "quantize_rowwise_fraction_of_copy_bw": "fused quantizer, row-wise RN without Hadamard, fraction of copy bandwidth",
     "saved_activation_compression": "saved activations, BF16 / AdaHOP, calibrated lv2 mix",
     "linear_fwd_bwd_speedup_vs_bf16_lv1": "AdaHOPLinear fwd+bwd, calibrated lv1 mix vs nn.Linear",
@@ -60,6 +61,16 @@ def summary_markdown(report: dict) -> str:
             excl = s["fold_fp8_gemm_only_fast_accum_True"]["ratio_vs_bf16"]
             lines.append(f"| {s['M']}, {s['N']}, {s['K']} | {s['bf16_tflops']:.0f} | " + " | ".join(cells)
                          + f" | {excl:.2f}x |")
+        if "oe_split" in report["gemm"]:
+            lines += ["", "Outlier-extraction split GEMM (k = 64 rows of L or of R in BF16) against the plain MXFP4 "
+                      "GEMM of the same operands:", "", "| M, N, K | MXFP4 ms | OE-left | OE-right | BF16 path alone, of copy bandwidth (left, right) |",
+                      "|---|---|---|---|---|"]
+            for c in report["gemm"]["oe_split"]:
+                sides = " | ".join(f"{c[side]['ms']:.3f} ms ({c[side]['slowdown_vs_mxfp4']:+.1%})"
+                                   for side in ("oe_left", "oe_right"))
+                path = ", ".join(f"{c[side]['bf16_path_ms']:.3f} ms ({c[side]['bf16_path_fraction_of_copy_bw']:.2f})"
+                                 for side in ("oe_left", "oe_right"))
+                lines.append(f"| {c['M']}, {c['N']}, {c['K']} | {c['mxfp4_ms']:.3f} | {sides} | {path} |")
     if "quantize" in report:
         q = report["quantize"]
         lines += ["", f"Fused quantizer at {q['shape'][0]}x{q['shape'][1]} {q['dtype']} (copy: "

@@ -4,7 +4,9 @@ Each route runs from MXFP4 operands: ``fold_fp8`` is timed with its fold (end to
 without (operands folded beforehand, as a fold fused into quantization would leave them).
 Accuracy is the relative Frobenius error against a float64 GEMM of the dequantized operands, on
 sampled rows, with FP32 output (and with BF16 output against the rounded reference). A second
-input whose blocks span 20 binades per row shows the fold's underflow count.
+input whose blocks span 20 binades per row shows the fold's underflow count. The outlier-extraction
+split (MXFP4 product plus a BF16 GEMM on the k = 64 extracted rows of either operand, written into
+the output) is timed against the plain MXFP4 product of the same prepared operands.
 
 Run as part of ``adahop bench`` (section ``gemm``).
 """
@@ -16,9 +18,12 @@ from dataclasses import asdict
 import torch
 
 from ..formats import MXTensor, quantize_mx
+from .. import ops
+from ..gemm import GemmOperand, QuantSpec, prepare_operand, tn_matmul
 from ..kernels.fold import FoldConfig, fold_to_fp8
 from ..kernels.gemm import default_route, fold_fp8_matmul, mx_matmul
 from ..kernels.gemm_triton import _mxfp4_dot_scaled_kernel, _mxfp4_fp8_kernel
+from ..policy import Strategy
 from .common import copy_gb_per_s, geomean, ms_of, tflops
 
 LLAMA3_8B_SHAPES = ((16384, 4096, 4096), (16384, 14336, 4096), (16384, 4096, 14336), (16384, 6144, 4096))
@@ -29,13 +34,8 @@ FOLD_CONFIGS = (
     FoldConfig(block_r=16, chunk=16),
     FoldConfig(block_r=32, chunk=16, num_warps=8),
 )
+OE_K = 64  # outlier rows or columns in the BF16 path, as in the paper
 SPREAD_BINADES = 20  # block scales of the underflow stress input span this many binades
-
-
-
-
-
-
 
 
 def inputs(m: int, n: int, k: int, spread: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,8 +61,6 @@ def rel_errors(a: MXTensor, b: MXTensor, rows: torch.Tensor, **matmul_kwargs) ->
         "rel_error_bf16_out_vs_rounded_ref": ((out16 - ref16).norm() / ref16.norm()).item(),
         "rel_error_bf16_out": ((out16 - ref).norm() / ref.norm()).item(),
     }
-
-
 
 
 def bench_fold(mx: MXTensor) -> dict:
@@ -108,6 +106,43 @@ def bench_shape(m: int, n: int, k: int, error_rows: int, copy_bw: float) -> dict
     return result
 
 
+def oe_split(m: int, n: int, k: int, copy_bw: float) -> dict:
+    """Time of the OE split GEMM (OE-left: k rows of C, OE-right: k columns of C from the BF16 path)
+    over the plain MXFP4 GEMM, all from operands prepared beforehand (top-k and quantization are
+    the layer's, timed in the ``linear`` section). The BF16 path alone must read the whole dense
+    operand, so its bandwidth against the copy's says how close it is to its floor; the reference
+    op (cuBLAS and an index_put) is timed for comparison."""
+    x, w = inputs(m, n, k)
+    spec = QuantSpec()
+
+    def prepared(strategy: Strategy) -> tuple[GemmOperand, GemmOperand]:
+        return prepare_operand(x, strategy, "L", spec, oe_k=OE_K), prepare_operand(w, strategy, "R", spec, oe_k=OE_K)
+
+    plain_left, plain_right = prepared(Strategy.MXFP4)
+    plain = ms_of(lambda: tn_matmul(plain_left, plain_right, torch.bfloat16))
+    result = {"M": m, "N": n, "K": k, "oe_k": OE_K, "mxfp4_ms": plain}
+    out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    for strategy in (Strategy.OE_LEFT, Strategy.OE_RIGHT):
+        left, right = prepared(strategy)
+        ms = ms_of(lambda: tn_matmul(left, right, torch.bfloat16))
+        a, b, index, dim = (
+            (left.extracted, right.dense, left.rows, 0) if strategy is Strategy.OE_LEFT
+            else (left.dense, right.extracted, right.rows, 1)
+        )
+        path_ms = ms_of(lambda: ops.outlier_matmul(out, a, b, index, dim))
+        with ops.reference_only():  # cuBLAS product, then an index_put into the output
+            torch_path_ms = ms_of(lambda: ops.outlier_matmul(out, a, b, index, dim))
+        moved = a.nbytes + b.nbytes + 2 * OE_K * (n if dim == 0 else m)
+        result[strategy.value] = {
+            "ms": ms,
+            "slowdown_vs_mxfp4": ms / plain - 1,
+            "bf16_path_ms": path_ms,
+            "bf16_path_fraction_of_copy_bw": moved / path_ms / 1e6 / copy_bw,
+            "bf16_path_torch_ms": torch_path_ms,
+        }
+    return result
+
+
 def spread_case(m: int, n: int, k: int, error_rows: int) -> dict:
     """Underflow and accuracy of the fold when a row's blocks span 20 binades."""
     x, w = inputs(m, n, k, spread=True)
@@ -141,6 +176,11 @@ def run(error_rows: int = 1024) -> dict:
             [s["fold_fp8_gemm_only_fast_accum_True"]["ratio_vs_bf16"] for s in shapes]
         ),
         "spread_case": spread_case(*LLAMA3_8B_SHAPES[0], error_rows),
+        "oe_split": [oe_split(*shape, copy_bw) for shape in LLAMA3_8B_SHAPES],
     }
+    # Worst case over shapes and sides (target: <= 10%).
+    report["oe_split_slowdown_vs_mxfp4"] = max(
+        case[side]["slowdown_vs_mxfp4"] for case in report["oe_split"] for side in ("oe_left", "oe_right")
+    )
     report["gemm_speedup_vs_bf16"] = report["route_speedup_vs_bf16"].get(auto, float("nan"))
     return report
