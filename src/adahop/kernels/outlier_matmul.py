@@ -9,17 +9,33 @@ separate result tensor and no index_put pass. Operands may be transposed views (
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
 from .mx_triton import INTERPRET, cdiv
 
-EXTRACTED_BLOCK = 64  # tile side along the k extracted rows (k = 64 in the paper: one tile)
-DENSE_BLOCK = 64  # tile side along the dense operand's rows: 256 programs at 16k tokens
-BLOCK_K = 64
-NUM_WARPS = 4
-NUM_STAGES = 4  # software pipelining of the K loop (the path is bound by reading the dense side)
+
+@dataclass(frozen=True)
+class OutlierTiling:
+    """Tile sides along the extracted rows, the dense operand's rows and K, and pipeline depth."""
+
+    extracted: int
+    dense: int
+    block_k: int
+    num_stages: int
+    num_warps: int = 4
+
+
+# Per output side, the fastest of a same-run H200 comparison at the Llama-3-8B shapes (k = 64,
+# 16k tokens; benchmarks/results/2026-12-03-h200-oe-tilings.json). Narrow dense tiles give
+# OE-left (grid over N only) enough programs; OE-right has 256 programs of 64 tokens.
+TILINGS = {
+    0: OutlierTiling(extracted=64, dense=32, block_k=128, num_stages=4),  # OE-left: rows of C
+    1: OutlierTiling(extracted=64, dense=64, block_k=128, num_stages=3),  # OE-right: columns of C
+}
 DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -69,12 +85,13 @@ def outlier_matmul_triton(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, i
     """Write ``a @ b.T`` into ``out``: into rows ``index`` (``dim=0``; ``a`` holds the extracted
     rows) or columns ``index`` (``dim=1``; ``b`` holds them). FP32 accumulation, rounded once."""
     (m, k), n = a.shape, b.shape[0]
-    block_m, block_n = (EXTRACTED_BLOCK, DENSE_BLOCK) if dim == 0 else (DENSE_BLOCK, EXTRACTED_BLOCK)
+    tiling = TILINGS[dim]
+    block_m, block_n = (tiling.extracted, tiling.dense) if dim == 0 else (tiling.dense, tiling.extracted)
     grid = (cdiv(m, block_m), cdiv(n, block_n))
     _outlier_matmul_kernel[grid](
         a, b, out, index, m, n, k,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1),
         INDEXED_ROWS=dim == 0, UPCAST=INTERPRET,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=BLOCK_K,
-        num_warps=NUM_WARPS, num_stages=1 if INTERPRET else NUM_STAGES,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=tiling.block_k,
+        num_warps=tiling.num_warps, num_stages=1 if INTERPRET else tiling.num_stages,
     )
