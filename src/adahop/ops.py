@@ -1,7 +1,7 @@
 """``torch.library`` custom ops: the single dispatch point between the reference and the kernels.
 
-``adahop::quantize_mx``, ``adahop::mx_matmul`` and ``adahop::outlier_matmul`` run the
-pure-PyTorch reference on any device and the Triton kernels (or the fastest faithful route) on CUDA. Their fake (meta) implementations give shapes without computing,
+``adahop::quantize_mx`` and ``adahop::mx_matmul`` run the pure-PyTorch reference on any device
+and the Triton kernels on CUDA. Their fake (meta) implementations give shapes without computing,
 so a model built from ``AdaHOPLinear`` traces under ``torch.compile`` with each op as one node.
 Triton is imported only when a CUDA kernel actually runs.
 
@@ -164,48 +164,3 @@ def mx_matmul(a: MXTensor, b: MXTensor, out_dtype: torch.dtype) -> torch.Tensor:
         raise ValueError(f"incompatible MX operands: {a} and {b}")
     args = (a.data, a.scales, b.data, b.scales, a.fmt, a.block_size, out_dtype)
     return _mx_matmul_cuda(*args) if _eager_cuda(a.data) else mx_matmul_op(*args)
-
-
-# ---- outlier path -------------------------------------------------------------------------
-def _outlier_matmul_reference(out, a, b, index, dim):
-    product = (a @ b.T).to(out.dtype)
-    if dim == 0:
-        out[index] = product
-    else:
-        out[:, index] = product
-
-
-@torch.library.custom_op("adahop::outlier_matmul", mutates_args=("out",))
-def outlier_matmul_op(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, index: torch.Tensor, dim: int) -> None:
-    """Overwrite rows (``dim=0``) or columns (``dim=1``) ``index`` of ``out`` with ``a @ b.T``."""
-    _outlier_matmul_reference(out, a, b, index, dim)
-
-
-@outlier_matmul_op.register_kernel("cuda")
-def _outlier_matmul_cuda(out, a, b, index, dim):
-    from .kernels.outlier_matmul import outlier_matmul_triton, supports
-
-    if _kernels_enabled and supports(a, b):
-        outlier_matmul_triton(out, a, b, index, dim)
-    else:
-        _outlier_matmul_reference(out, a, b, index, dim)
-
-
-@outlier_matmul_op.register_fake
-def _(out, a, b, index, dim):
-    return None
-
-
-def outlier_matmul(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, index: torch.Tensor, dim: int) -> None:
-    """The OE high-precision path: rows ``index`` of ``out`` become ``a @ b.T`` (``dim=0``, OE-left:
-    ``a`` is the extracted rows of L) or its columns do (``dim=1``, OE-right: ``b`` is R's)."""
-    expected = (index.numel(), out.shape[1]) if dim == 0 else (out.shape[0], index.numel())
-    if dim not in (0, 1) or a.shape[1] != b.shape[1] or (a.shape[0], b.shape[0]) != expected:
-        raise ValueError(
-            f"outlier_matmul: a {tuple(a.shape)} @ b {tuple(b.shape)}.T does not fill {index.numel()} "
-            f"{'rows' if dim == 0 else 'columns'} of out {tuple(out.shape)}"
-        )
-    if _eager_cuda(out):
-        _outlier_matmul_cuda(out, a, b, index, dim)
-    else:
-        outlier_matmul_op(out, a, b, index, dim)

@@ -2,7 +2,7 @@
 
 The MX product goes through ``adahop::mx_matmul`` (reference on any device, the fastest faithful
 kernel route on CUDA); the outlier rows and columns are small high-precision GEMMs written
-straight into the output by ``adahop::outlier_matmul`` (one Triton kernel on CUDA).
+straight into the output.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def tn_matmul(l: GemmOperand, r: GemmOperand, out_dtype: torch.dtype) -> torch.T
         return (l.dense @ r.dense.T).to(out_dtype)
     out = _main_product(l.quantized, r.quantized, out_dtype)
     if l.rows is not None:  # OE-left: outlier rows of C from the high-precision path
-        ops.outlier_matmul(out, l.extracted, r.dense, l.rows, dim=0)
+        out[l.rows] = (l.extracted @ r.dense.T).to(out_dtype)
     if r.rows is not None:  # OE-right: outlier columns of C
-        ops.outlier_matmul(out, l.dense, r.extracted, r.rows, dim=1)
+        out[:, r.rows] = (l.dense @ r.extracted.T).to(out_dtype)
     return out
