@@ -66,3 +66,16 @@ def test_bench_summary_renders_every_section_of_the_combined_h200_run():
     assert "| rowwise | 32 | nearest |" in text  # quantizer cases
     assert "| adahop_lv2 |" in text  # step table
 
+
+
+def test_bench_summary_renders_the_oe_split_table():
+    import json
+    from pathlib import Path
+
+    from adahop.bench import summary_markdown
+
+    report = json.loads((Path(__file__).parent.parent / "benchmarks" / "results" / "2026-12-03-h200.json").read_text())
+    text = summary_markdown(report)
+    assert f"(`oe_split_slowdown_vs_mxfp4`) | {report['oe_split_slowdown_vs_mxfp4']:.3f} |" in text
+    first = report["gemm"]["oe_split"][0]
+    assert f"| 16384, 4096, 4096 | {first['oe_left']['mxfp4_ms']:.3f}, {first['oe_right']['mxfp4_ms']:.3f} |" in text

@@ -2,9 +2,9 @@
 
 Every GEMM of a linear layer can be written in this TN form by quantizing the right copy of each
 operand (see :mod:`adahop.gemm.operand`). Routes, with their speed on an H200 relative to cuBLAS
-BF16 (geometric mean over the Llama-3-8B shapes, ``benchmarks/results/2026-12-02-h200-gemm.md``):
+BF16 (geometric mean over the Llama-3-8B shapes, ``benchmarks/results/2026-12-03-h200.md``):
 
-- ``"fold_fp8"`` (1.80x, fold included; 2.03x without): fold block scales into E4M3 values and
+- ``"fold_fp8"`` (1.83x, fold included; 2.08x without): fold block scales into E4M3 values and
   per-row scales (:mod:`adahop.kernels.fold`), then cuBLAS's row-wise scaled FP8 GEMM
   (``torch._scaled_mm``). Exact unless a block lies more than 14 binades below its row's largest;
   such underflowed elements are counted (``return_stats=True``).
