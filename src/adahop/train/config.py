@@ -82,6 +82,8 @@ class TrainingConfig:
     seed: int = 0  # model initialisation and data order
     device: str = "auto"  # "auto": CUDA when available
     autocast: bool = True  # bf16 autocast on CUDA (CPU runs in fp32)
+    compile: bool = False  # torch.compile each transformer block once calibration has frozen the plans
+    compile_backend: str = "inductor"  # a torch.compile backend ("aot_eager" needs no C++ compiler)
 
 
 @dataclass
@@ -155,6 +157,14 @@ class TrainConfig:
             raise ConfigError(f"optim.min_lr_ratio must be in [0, 1], got {self.optim.min_lr_ratio}")
         if self.training.device not in DEVICES:
             raise ConfigError(f"training.device={self.training.device!r} is not one of {', '.join(DEVICES)}")
+        if self.training.compile:
+            import torch._dynamo
+
+            backends = torch._dynamo.list_backends(exclude_tags=())
+            if self.training.compile_backend not in backends:
+                raise ConfigError(
+                    f"training.compile_backend={self.training.compile_backend!r} is not one of {', '.join(backends)}"
+                )
 
 
 _POSITIVE = (

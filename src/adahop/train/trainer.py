@@ -84,7 +84,7 @@ class Trainer:
         self.layers = list(adahop_layers(self.model).values())
         self.tokens_per_step = cfg.data.batch_size * cfg.data.seq_len * cfg.training.grad_accum
         self.step = 0
-        self._plan_saved = False
+        self._plan_saved = self._compiled = False
         if latest is not None:
             self._resume_from(latest)
         elif resume:
@@ -122,6 +122,17 @@ class Trainer:
         log.info("strategy plan frozen (step %d, recipe %s):\n%s", self.step, self.cfg.recipe.name, plan.summary())
         self._plan_saved = True
 
+    def _maybe_compile(self) -> None:
+        """``torch.compile`` each transformer block (as torchtitan does) once no layer calibrates:
+        a calibrating layer runs Python hooks every step, a frozen plan never changes again.
+        ``Module.compile`` keeps the parameter names, so checkpoints are unaffected."""
+        if self._compiled or not self.cfg.training.compile or self.phase == "calibrating":
+            return
+        for block in self.model.layers:
+            block.compile(backend=self.cfg.training.compile_backend)
+        self._compiled = True
+        log.info("compiled %d transformer blocks (backend %s)", len(self.model.layers), self.cfg.training.compile_backend)
+
     # ---- steps --------------------------------------------------------------------------------
     def _autocast(self) -> torch.autocast:
         enabled = self.device.type == "cuda" and self.cfg.training.autocast
@@ -129,6 +140,7 @@ class Trainer:
 
     def train_step(self) -> tuple[float, float]:
         """One optimizer step over ``grad_accum`` micro-batches; returns (loss, grad norm)."""
+        self._maybe_compile()
         accum = self.cfg.training.grad_accum
         loss_sum = torch.zeros((), device=self.device)
         for _ in range(accum):
