@@ -28,6 +28,7 @@ EXTRA_FIGURES = {
     "oe_split_slowdown_vs_mxfp4": "OE split GEMM (k = 64, worst shape and side), time over plain MXFP4 GEMM, minus 1",
     "quantize_rowwise_fraction_of_copy_bw": "fused quantizer, row-wise RN without Hadamard, fraction of copy bandwidth",
     "saved_activation_compression": "saved activations, BF16 / AdaHOP, calibrated lv2 mix",
+    "train_step_speedup_vs_bf16_compiled": "llama3_1b training step, blocks compiled, adahop_lv2 vs bf16 (tokens/s)",
     "linear_fwd_bwd_speedup_vs_bf16_lv1": "AdaHOPLinear fwd+bwd, calibrated lv1 mix vs nn.Linear",
     "saved_activation_compression_lv1": "saved activations, BF16 / AdaHOP, calibrated lv1 mix",
 }

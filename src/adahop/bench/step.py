@@ -4,7 +4,9 @@ The layer benchmark isolates the linear layers; this one runs whole optimizer st
 attention, norms, AdamW, the per-layer Python) the way ``adahop train`` does: fp32 master weights,
 bf16 autocast, fused AdamW, the embedded corpus. Adaptive recipes calibrate first; timing starts
 after every layer has frozen its plan. One step per recipe is profiled and its CUDA time split
-into kernel families, so a slowdown can be traced to what causes it.
+into kernel families, so a slowdown can be traced to what causes it. BF16 and AdaHOP level 2 also
+run with their transformer blocks compiled after calibration (``training.compile``), and are
+compared with each other.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from ..nn import adahop_layers, convert_model
 PRESET = "llama3_1b"
 BATCH, SEQ_LEN = 4, 2048
 RECIPES = ("bf16", "mxfp4", "mxfp4_hadamard", "adahop_lv2")
+COMPILED_RECIPES = ("bf16", "adahop_lv2")  # also timed with torch.compile'd blocks
 CALIBRATION_STEPS = 4  # forwards: enough to freeze a plan, not to judge its quality
 WARMUP_STEPS, TIMED_STEPS = 3, 10
 # Kernel families by name fragment, first match wins; the rest is "other".
@@ -75,8 +78,9 @@ def _profile(step) -> dict:
     }
 
 
-def measure(recipe: str, preset: str, data) -> dict:
-    """Tokens/s of ``recipe`` (timed after calibration), its peak memory and a profiled step."""
+def measure(recipe: str, preset: str, data, compiled: bool = False) -> dict:
+    """Tokens/s of ``recipe`` (timed after calibration), its peak memory and a profiled step;
+    ``compiled`` compiles the blocks once calibration is over (warm-up steps absorb the compile)."""
     from ..data import BatchLoader
     from ..models import build_model
 
@@ -94,9 +98,13 @@ def measure(recipe: str, preset: str, data) -> dict:
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    for _ in range(CALIBRATION_STEPS + WARMUP_STEPS):
+    for _ in range(CALIBRATION_STEPS):
         step()
     assert not any(m.calibrating for m in adahop_layers(model).values()), "calibration did not finish"
+    if compiled:
+        model.compile_blocks()
+    for _ in range(WARMUP_STEPS):
+        step()
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
@@ -112,26 +120,33 @@ def measure(recipe: str, preset: str, data) -> dict:
     }
 
 
-def measure_in_fresh_process(recipe: str, preset: str) -> dict:
+def measure_in_fresh_process(recipe: str, preset: str, compiled: bool = False) -> dict:
     """:func:`measure` in a process of its own. A step of many small launches is host-bound, and
     its Python runs measurably slower in a process that has already run other benchmarks (the
     same adahop_lv2 step took 190 ms in a fresh process and 274 ms after the other sections, on
     the same kind of H200)."""
     from ..data import prepare_data
 
-    return measure(recipe, preset, prepare_data("stdlib", progress=False))
+    return measure(recipe, preset, prepare_data("stdlib", progress=False), compiled)
 
 
-def run(preset: str = PRESET, recipes: tuple[str, ...] = RECIPES) -> dict:
-    """Every recipe's :func:`measure`, each in a fresh process, with its speed relative to BF16."""
+def run(
+    preset: str = PRESET, recipes: tuple[str, ...] = RECIPES, compiled_recipes: tuple[str, ...] = COMPILED_RECIPES
+) -> dict:
+    """Every recipe's :func:`measure`, each in a fresh process, with its speed relative to BF16
+    (a compiled recipe relative to compiled BF16)."""
     results: dict = {"preset": preset, "batch": BATCH, "seq_len": SEQ_LEN, "recipes": {}}
     context = multiprocessing.get_context("spawn")
-    for recipe in recipes:
+    runs = [(r, False) for r in recipes] + [(r, True) for r in compiled_recipes]
+    for recipe, compiled in runs:
         with ProcessPoolExecutor(1, mp_context=context) as pool:
-            results["recipes"][recipe] = pool.submit(measure_in_fresh_process, recipe, preset).result()
-    base = results["recipes"]["bf16"]["tokens_per_s"]
+            result = pool.submit(measure_in_fresh_process, recipe, preset, compiled).result()
+        results["recipes"][f"{recipe}+compile" if compiled else recipe] = result | {"compiled": compiled}
     for r in results["recipes"].values():
+        base = results["recipes"]["bf16+compile" if r["compiled"] else "bf16"]["tokens_per_s"]
         r["speedup_vs_bf16"] = r["tokens_per_s"] / base
     if "adahop_lv2" in results["recipes"]:
         results["train_step_speedup_vs_bf16"] = results["recipes"]["adahop_lv2"]["speedup_vs_bf16"]
+    if "adahop_lv2+compile" in results["recipes"]:
+        results["train_step_speedup_vs_bf16_compiled"] = results["recipes"]["adahop_lv2+compile"]["speedup_vs_bf16"]
     return results

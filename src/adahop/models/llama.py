@@ -226,6 +226,12 @@ class Transformer(nn.Module):
             elif isinstance(module, RMSNorm):
                 nn.init.ones_(module.weight)
 
+    def compile_blocks(self, backend: str = "inductor") -> None:
+        """``torch.compile`` each transformer block in place (the blocks share one graph, as in
+        torchtitan); ``Module.compile`` keeps the parameter names, so checkpoints are unaffected."""
+        for block in self.layers:
+            block.compile(backend=backend)
+
     def forward(
         self, tokens: torch.Tensor, targets: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:

@@ -123,13 +123,11 @@ class Trainer:
         self._plan_saved = True
 
     def _maybe_compile(self) -> None:
-        """``torch.compile`` each transformer block (as torchtitan does) once no layer calibrates:
-        a calibrating layer runs Python hooks every step, a frozen plan never changes again.
-        ``Module.compile`` keeps the parameter names, so checkpoints are unaffected."""
+        """Compile the transformer blocks once no layer calibrates: a calibrating layer runs
+        Python hooks every step, a frozen plan never changes again."""
         if self._compiled or not self.cfg.training.compile or self.phase == "calibrating":
             return
-        for block in self.model.layers:
-            block.compile(backend=self.cfg.training.compile_backend)
+        self.model.compile_blocks(self.cfg.training.compile_backend)
         self._compiled = True
         log.info("compiled %d transformer blocks (backend %s)", len(self.model.layers), self.cfg.training.compile_backend)
 
