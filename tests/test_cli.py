@@ -67,7 +67,6 @@ def test_bench_summary_renders_every_section_of_the_combined_h200_run():
     assert "| adahop_lv2 |" in text  # step table
 
 
-
 def test_bench_summary_renders_the_oe_split_table():
     import json
     from pathlib import Path

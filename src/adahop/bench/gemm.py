@@ -18,8 +18,8 @@ from dataclasses import asdict
 
 import torch
 
-from ..formats import MXTensor, quantize_mx
 from .. import ops
+from ..formats import MXTensor, quantize_mx
 from ..gemm import QuantSpec, prepare_operand, tn_matmul
 from ..kernels.fold import FoldConfig, fold_to_fp8
 from ..kernels.gemm import default_route, fold_fp8_matmul, mx_matmul
