@@ -5,8 +5,9 @@ and the Triton kernels on CUDA. Their fake (meta) implementations give shapes wi
 so a model built from ``AdaHOPLinear`` traces under ``torch.compile`` with each op as one node.
 Triton is imported only when a CUDA kernel actually runs.
 
-The stochastic-rounding seed is a 0-dim int64 CPU tensor, not a Python int, so a compiled graph
-does not specialise on (and recompile for) every training step.
+The stochastic-rounding seed is a 0-dim int64 tensor, not a Python int, so a compiled graph
+does not specialise on (and recompile for) every training step. The kernels read it from device
+memory, so a step captured as a CUDA graph draws new noise on every replay.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ def _quantize_mx_cuda(x, fmt, axis, block_size, scale_rule, rounding, seed, hada
 
     q = quantize_mx_triton(
         x, fmt, axis=axis, block_size=block_size, scale_rule=scale_rule, rounding=rounding,
-        seed=int(seed), hadamard_block_size=hadamard_block_size or None, signs=signs,
+        seed=seed, hadamard_block_size=hadamard_block_size or None, signs=signs,
     )
     return q.data, q.scales
 

@@ -21,14 +21,18 @@ HEADLINES = {
     "gemm": ("gemm_speedup_vs_bf16", "MXFP4 GEMM (auto route) vs cuBLAS BF16, geomean of 4 shapes"),
     "quantize": ("quantize_fraction_of_copy_bw", "fused quantizer, fraction of copy bandwidth"),
     "linear": ("linear_fwd_bwd_speedup_vs_bf16", "AdaHOPLinear fwd+bwd, calibrated lv2 mix vs nn.Linear"),
-    "step": ("train_step_speedup_vs_bf16", "llama3_1b training step, adahop_lv2 vs bf16 (tokens/s)"),
+    "step": ("train_step_speedup_vs_bf16", "llama3_1b 4x2048 training step, adahop_lv2 vs bf16, best mode of each (tokens/s)"),
 }
 # Further figures a section reports next to its headline.
 EXTRA_FIGURES = {
     "oe_split_slowdown_vs_mxfp4": "OE split GEMM (k = 64, worst shape and side), time over plain MXFP4 GEMM, minus 1",
     "quantize_rowwise_fraction_of_copy_bw": "fused quantizer, row-wise RN without Hadamard, fraction of copy bandwidth",
     "saved_activation_compression": "saved activations, BF16 / AdaHOP, calibrated lv2 mix",
-    "train_step_speedup_vs_bf16_compiled": "llama3_1b training step, blocks compiled, adahop_lv2 vs bf16 (tokens/s)",
+    "train_step_speedup_vs_bf16_1b_8x": "llama3_1b 8x2048 training step, adahop_lv2 vs bf16, best modes (tokens/s)",
+    "train_step_speedup_vs_bf16_3b": "llama3_3b 4x2048 training step, adahop_lv2 vs bf16, best modes (tokens/s)",
+    "train_step_speedup_vs_float8": "llama3_1b 4x2048 training step, adahop_lv2 vs torchao float8 tensorwise, best modes",
+    "train_step_speedup_vs_float8_3b": "llama3_3b 4x2048 training step, adahop_lv2 vs torchao float8 tensorwise, best modes",
+    "peak_memory_ratio_vs_bf16": "llama3_1b 8x2048 peak reserved memory, adahop_lv2 / bf16, best modes",
     "linear_fwd_bwd_speedup_vs_bf16_lv1": "AdaHOPLinear fwd+bwd, calibrated lv1 mix vs nn.Linear",
     "saved_activation_compression_lv1": "saved activations, BF16 / AdaHOP, calibrated lv1 mix",
 }
@@ -93,16 +97,9 @@ def summary_markdown(report: dict) -> str:
                 lines.append(f"| {kind} | {name} | {p['speedup_vs_bf16']:.2f}x | "
                              f"{p['saved_activation_compression']:.2f}x |")
     if "step" in report:
-        step = report["step"]
-        lines += ["", f"Training steps of `{step['preset']}` ({step['batch']} x {step['seq_len']} tokens, "
-                  "bf16 autocast, fused AdamW), timed after calibration; CUDA ms of one profiled step by "
-                  "kernel family:", "", "| recipe | tokens/s | vs bf16 | step ms | CUDA ms | peak GiB | "
-                  "CUDA ms by family |", "|---|---|---|---|---|---|---|"]
-        for name, r in step["recipes"].items():
-            fams = ", ".join(f"{f} {ms:.1f}" for f, ms in r["profile"]["families_ms"].items())
-            cuda_ms = r["profile"].get("cuda_ms", sum(r["profile"]["families_ms"].values()))
-            lines.append(f"| {name} | {r['tokens_per_s']:,.0f} | {r['speedup_vs_bf16']:.2f}x | {r['step_ms']:.0f} | "
-                         f"{cuda_ms:.0f} | {r['peak_memory_gib']:.1f} | {fams} |")
+        from .step import step_markdown
+
+        lines += step_markdown(report["step"])
     return "\n".join(lines) + "\n"
 
 
@@ -112,6 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="write <out>.json and <out>.md")
     parser.add_argument("--quantize-sweep", action="store_true",
                         help="time every candidate tiling of the quantizer and report the fastest of each case")
+    parser.add_argument("--step-cases", default="",
+                        help="comma-separated subset of the step cases (e.g. llama3_1b_4x2048); default all")
+    parser.add_argument("--step-runs", default="",
+                        help="comma-separated subset of each step case's runs (e.g. bf16/compile,adahop_lv2/compile+graph)")
     args = parser.parse_args(argv)
     sections = [s for s in args.only.split(",") if s]
     unknown = sorted(set(sections) - set(SECTIONS))
@@ -125,6 +126,15 @@ def main(argv: list[str] | None = None) -> int:
     report = environment()
     for section in sections:
         options = {"sweep": True} if section == "quantize" and args.quantize_sweep else {}
+        if section == "step" and (args.step_cases or args.step_runs):
+            from .step import select_cases
+
+            names = [k for k in args.step_cases.split(",") if k]
+            runs = [r for r in args.step_runs.split(",") if r] or None
+            try:
+                options = {"cases": select_cases(names, runs)}
+            except ValueError as err:
+                parser.error(str(err))
         result = importlib.import_module(f"{__name__}.{section}").run(**options)
         report[section] = result
         for key in (HEADLINES[section][0], *EXTRA_FIGURES):

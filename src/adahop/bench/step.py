@@ -1,31 +1,67 @@
-"""End-to-end training steps: tokens/s of a Llama per recipe against BF16, and where the time goes.
+"""End-to-end training steps: tokens/s of a Llama per recipe and mode against BF16, and where the time goes.
 
-The layer benchmark isolates the linear layers; this one runs whole optimizer steps (embedding,
-attention, norms, AdamW, the per-layer Python) the way ``adahop train`` does: fp32 master weights,
-bf16 autocast, fused AdamW, the embedded corpus. Adaptive recipes calibrate first; timing starts
-after every layer has frozen its plan. One step per recipe is profiled and its CUDA time split
-into kernel families, so a slowdown can be traced to what causes it. BF16 and AdaHOP level 2 also
-run with their transformer blocks compiled after calibration (``training.compile``), and are
-compared with each other.
+Each run builds an ``adahop train`` :class:`~adahop.train.Trainer` (fp32 master weights, bf16
+autocast, fused AdamW, clipping, the embedded corpus) and times its ``train_step``, so the bench
+measures what the trainer does. Adaptive recipes calibrate first; timing starts once every
+layer has frozen its plan. Modes: ``eager``; ``compile`` (``training.compile``: each block
+``torch.compile``'d); ``graph`` (``training.cuda_graph``: each micro-step replayed as one CUDA
+graph); ``compile+graph``. Every recipe is compared with BF16 in BF16's fastest mode. The peer
+is torchao's float8 training (tensorwise and rowwise scaling), the FP8 recipe a Hopper user
+would pick, on the same model with the LM head in BF16, when torchao can be imported.
+
+One step per run is profiled and its CUDA time split into kernel families, so a slowdown can be
+traced to what causes it. Each run is a fresh process: a host-bound step runs measurably slower
+in a process that has already run other benchmarks.
 """
 
 from __future__ import annotations
 
+import math
 import multiprocessing
+import tempfile
 import time
 from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 
 import torch
 
-from ..nn import adahop_layers, convert_model
-
-PRESET = "llama3_1b"
-BATCH, SEQ_LEN = 4, 2048
-RECIPES = ("bf16", "mxfp4", "mxfp4_hadamard", "adahop_lv2")
-COMPILED_RECIPES = ("bf16", "adahop_lv2")  # also timed with torch.compile'd blocks
+SEQ_LEN = 2048
+VOCAB_SIZE = 32768  # the tokenizer of configs/llama3_*_h200.toml
 CALIBRATION_STEPS = 4  # forwards: enough to freeze a plan, not to judge its quality
-WARMUP_STEPS, TIMED_STEPS = 3, 10
+MAX_CALIBRATION_STEPS = 2 * CALIBRATION_STEPS
+WARMUP_STEPS, TIMED_STEPS = 4, 12
+MODES = ("eager", "compile", "graph", "compile+graph")
+PEERS = {"float8_tensorwise": "tensorwise", "float8_rowwise": "rowwise"}  # torchao recipe names
+HEADLINE_RECIPE = "adahop_lv2"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One model shape and micro-batch, and the (recipe, mode) runs timed on it."""
+
+    preset: str
+    batch: int
+    runs: tuple[tuple[str, str], ...]
+
+    @property
+    def key(self) -> str:
+        return f"{self.preset}_{self.batch}x{SEQ_LEN}"
+
+
+# Most telling first: a run cut short by a time limit still has the headline pair.
+_FULL = (
+    ("bf16", "compile"), ("adahop_lv2", "compile+graph"), ("bf16", "compile+graph"), ("float8_tensorwise", "compile"),
+    ("adahop_lv2", "graph"), ("adahop_lv2", "eager"), ("bf16", "eager"), ("bf16", "graph"),
+    ("mxfp4_hadamard", "compile+graph"), ("float8_tensorwise", "compile+graph"), ("float8_rowwise", "compile"),
+)
+_BEST = (("bf16", "compile"), ("bf16", "compile+graph"), ("adahop_lv2", "compile+graph"),
+         ("float8_tensorwise", "compile"))
+CASES = (
+    Case("llama3_1b", 4, _FULL),
+    Case("llama3_1b", 8, _BEST + (("bf16", "eager"), ("adahop_lv2", "eager"))),
+    Case("llama3_3b", 4, _BEST + (("mxfp4_hadamard", "compile+graph"),)),
+)
 # Kernel families by name fragment, first match wins; the rest is "other".
 FAMILIES = (
     ("quantize (Triton)", ("_quantize_",)),
@@ -36,7 +72,7 @@ FAMILIES = (
     ("optimizer", ("adam",)),
     ("top-k / index", ("topk", "index", "gather", "scatter", "sort", "radix")),
     ("norm / reduce", ("norm", "reduce")),
-    ("elementwise", ("elementwise", "vectorized", "unrolled")),
+    ("elementwise", ("elementwise", "vectorized", "unrolled", "triton_poi", "triton_per", "triton_red")),
 )
 
 
@@ -78,75 +114,185 @@ def _profile(step) -> dict:
     }
 
 
-def measure(recipe: str, preset: str, data, compiled: bool = False) -> dict:
-    """Tokens/s of ``recipe`` (timed after calibration), its peak memory and a profiled step;
-    ``compiled`` compiles the blocks once calibration is over (warm-up steps absorb the compile)."""
-    from ..data import BatchLoader
-    from ..models import build_model
+def _to_float8(model: torch.nn.Module, scaling: str) -> None:
+    """torchao's float8 training on every linear layer but the LM head (as torchtitan does)."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
-    torch.manual_seed(0)
-    model = build_model(preset, vocab_size=data.tokenizer.vocab_size).cuda()
-    convert_model(model, {"name": recipe, "calibration_steps": CALIBRATION_STEPS})
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    loader = BatchLoader(data.train, batch_size=BATCH, seq_len=SEQ_LEN, seed=0)
-
-    def step() -> None:
-        inputs, targets = (t.cuda(non_blocking=True) for t in next(loader))
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            _, loss = model(inputs, targets)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    for _ in range(CALIBRATION_STEPS):
-        step()
-    assert not any(m.calibrating for m in adahop_layers(model).values()), "calibration did not finish"
-    if compiled:
-        model.compile_blocks()
-    for _ in range(WARMUP_STEPS):
-        step()
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    start = time.perf_counter()
-    for _ in range(TIMED_STEPS):
-        step()
-    torch.cuda.synchronize()
-    seconds = (time.perf_counter() - start) / TIMED_STEPS
-    return {
-        "tokens_per_s": BATCH * SEQ_LEN / seconds,
-        "step_ms": seconds * 1e3,
-        "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30,
-        "profile": _profile(step),
-    }
+    config = Float8LinearConfig.from_recipe_name(scaling)
+    convert_to_float8_training(model, config=config, module_filter_fn=lambda _, fqn: fqn != "output")
 
 
-def measure_in_fresh_process(recipe: str, preset: str, compiled: bool = False) -> dict:
-    """:func:`measure` in a process of its own. A step of many small launches is host-bound, and
-    its Python runs measurably slower in a process that has already run other benchmarks (the
-    same adahop_lv2 step took 190 ms in a fresh process and 274 ms after the other sections, on
-    the same kind of H200)."""
+def _trainer(recipe: str, preset: str, batch: int, mode: str, out: str):
+    from ..recipes import get_recipe
+    from ..train import Trainer
+    from ..train.config import DataConfig, ModelConfig, TrainConfig, TrainingConfig
+
+    base = "bf16" if recipe in PEERS else recipe
+    cfg = TrainConfig(
+        model=ModelConfig(preset),
+        data=DataConfig(seq_len=SEQ_LEN, batch_size=batch, vocab_size=VOCAB_SIZE),
+        training=TrainingConfig(
+            steps=1_000_000, device="cuda", compile="compile" in mode, cuda_graph="graph" in mode
+        ),
+        recipe=get_recipe({"name": base, "calibration_steps": CALIBRATION_STEPS}),
+        out=out,
+    )
+    trainer = Trainer(cfg, progress=False)
+    if recipe in PEERS:
+        _to_float8(trainer.model, PEERS[recipe])
+    return trainer
+
+
+def measure(recipe: str, preset: str, batch: int, mode: str) -> dict:
+    """Tokens/s of ``recipe`` in ``mode`` (timed after calibration and warm-up steps, which also
+    absorb compilation and graph capture), its peak memory and a profiled step."""
+    with tempfile.TemporaryDirectory() as out:
+        trainer = _trainer(recipe, preset, batch, mode, out)
+        for _ in range(MAX_CALIBRATION_STEPS):
+            if trainer.phase != "calibrating":
+                break
+            trainer.train_step()
+        if trainer.phase == "calibrating":
+            raise RuntimeError(f"{recipe}: calibration did not finish in {MAX_CALIBRATION_STEPS} steps")
+        for _ in range(WARMUP_STEPS):
+            trainer.train_step()
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        start = time.perf_counter()
+        losses = [trainer.train_step()[0] for _ in range(TIMED_STEPS)]
+        torch.cuda.synchronize()
+        seconds = (time.perf_counter() - start) / TIMED_STEPS
+        result = {
+            "tokens_per_s": batch * SEQ_LEN / seconds,
+            "step_ms": seconds * 1e3,
+            "peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
+            "peak_reserved_gib": torch.cuda.max_memory_reserved() / 2**30,
+            "final_loss": losses[-1],
+            "losses_finite": all(math.isfinite(x) for x in losses),
+            "cuda_graph_captured": trainer.graph_captured,
+            "profile": _profile(trainer.train_step),
+        }
+    return result
+
+
+def _one_line(r: dict) -> str:
+    """A run's figures as soon as it ends (a run cut off by a time limit keeps what it printed)."""
+    if "error" in r:
+        return r["error"]
+    fams = ", ".join(f"{f} {ms:.1f}" for f, ms in r["profile"]["families_ms"].items())
+    return (f"{r['tokens_per_s']:,.0f} tok/s, step {r['step_ms']:.1f} ms, CUDA {r['profile']['cuda_ms']:.1f} ms, "
+            f"peak {r['peak_allocated_gib']:.1f}/{r['peak_reserved_gib']:.1f} GiB, graph {r['cuda_graph_captured']}; {fams}")
+
+
+def _failure(err: BaseException) -> dict:
+    return {"error": f"{type(err).__name__}: {str(err)[:300]}"}
+
+
+def run_case(case: Case) -> dict:
+    """Every run of ``case`` in a fresh process, with its tokens/s relative to BF16's fastest mode."""
+    from importlib.util import find_spec
+
+    context = multiprocessing.get_context("spawn")
+    runs: dict[str, dict] = {}
+    for recipe, mode in case.runs:
+        name = f"{recipe}/{mode}"
+        if recipe in PEERS and find_spec("torchao") is None:
+            runs[name] = {"error": "torchao is not installed"}
+            continue
+        with ProcessPoolExecutor(1, mp_context=context) as pool:
+            try:
+                runs[name] = pool.submit(measure, recipe, case.preset, case.batch, mode).result()
+            except Exception as err:  # one failing run must not lose the others
+                runs[name] = _failure(err)
+        runs[name] |= {"recipe": recipe, "mode": mode}
+        print(f"  {case.key} {name}: {_one_line(runs[name])}", flush=True)
+    best = best_runs(runs)
+    base = best.get("bf16")
+    for r in runs.values():
+        if "error" not in r and base is not None:
+            r["speedup_vs_bf16_best"] = r["tokens_per_s"] / base["tokens_per_s"]
+            same_mode = runs.get(f"bf16/{r['mode']}")
+            if same_mode is not None and "error" not in same_mode:
+                r["speedup_vs_bf16_same_mode"] = r["tokens_per_s"] / same_mode["tokens_per_s"]
+                r["peak_reserved_ratio_vs_bf16_same_mode"] = r["peak_reserved_gib"] / same_mode["peak_reserved_gib"]
+    return {"preset": case.preset, "batch": case.batch, "seq_len": SEQ_LEN, "runs": runs,
+            "best_mode": {recipe: r["mode"] for recipe, r in best.items()}}
+
+
+def best_runs(runs: dict[str, dict]) -> dict[str, dict]:
+    """Per recipe, its fastest successful run."""
+    best: dict[str, dict] = {}
+    for r in runs.values():
+        if "error" not in r and r["tokens_per_s"] > best.get(r["recipe"], {}).get("tokens_per_s", 0):
+            best[r["recipe"]] = r
+    return best
+
+
+def _ratio(case: dict, recipe: str, reference: str, key: str = "tokens_per_s") -> float | None:
+    best = best_runs(case["runs"])
+    if recipe in best and reference in best:
+        return best[recipe][key] / best[reference][key]
+    return None
+
+
+def run(cases: tuple[Case, ...] = CASES) -> dict:
+    """Every case, and the headline ratios (best mode against best mode)."""
     from ..data import prepare_data
 
-    return measure(recipe, preset, prepare_data("stdlib", progress=False), compiled)
-
-
-def run(
-    preset: str = PRESET, recipes: tuple[str, ...] = RECIPES, compiled_recipes: tuple[str, ...] = COMPILED_RECIPES
-) -> dict:
-    """Every recipe's :func:`measure`, each in a fresh process, with its speed relative to BF16
-    (a compiled recipe relative to compiled BF16)."""
-    results: dict = {"preset": preset, "batch": BATCH, "seq_len": SEQ_LEN, "recipes": {}}
-    context = multiprocessing.get_context("spawn")
-    runs = [(r, False) for r in recipes] + [(r, True) for r in compiled_recipes]
-    for recipe, compiled in runs:
-        with ProcessPoolExecutor(1, mp_context=context) as pool:
-            result = pool.submit(measure_in_fresh_process, recipe, preset, compiled).result()
-        results["recipes"][f"{recipe}+compile" if compiled else recipe] = result | {"compiled": compiled}
-    for r in results["recipes"].values():
-        base = results["recipes"]["bf16+compile" if r["compiled"] else "bf16"]["tokens_per_s"]
-        r["speedup_vs_bf16"] = r["tokens_per_s"] / base
-    if "adahop_lv2" in results["recipes"]:
-        results["train_step_speedup_vs_bf16"] = results["recipes"]["adahop_lv2"]["speedup_vs_bf16"]
-    if "adahop_lv2+compile" in results["recipes"]:
-        results["train_step_speedup_vs_bf16_compiled"] = results["recipes"]["adahop_lv2+compile"]["speedup_vs_bf16"]
+    prepare_data("stdlib", VOCAB_SIZE, progress=False)  # tokenize once; every run reads the cache
+    results: dict = {"seq_len": SEQ_LEN, "vocab_size": VOCAB_SIZE, "cases": {}}
+    for case in cases:
+        results["cases"][case.key] = run_case(case)
+    headlines = {
+        "train_step_speedup_vs_bf16": ("llama3_1b_4x2048", "bf16", "tokens_per_s"),
+        "train_step_speedup_vs_bf16_1b_8x": ("llama3_1b_8x2048", "bf16", "tokens_per_s"),
+        "train_step_speedup_vs_bf16_3b": ("llama3_3b_4x2048", "bf16", "tokens_per_s"),
+        "train_step_speedup_vs_float8": ("llama3_1b_4x2048", "float8_tensorwise", "tokens_per_s"),
+        "train_step_speedup_vs_float8_3b": ("llama3_3b_4x2048", "float8_tensorwise", "tokens_per_s"),
+        "peak_memory_ratio_vs_bf16": ("llama3_1b_8x2048", "bf16", "peak_reserved_gib"),
+    }
+    for name, (key, reference, field) in headlines.items():
+        if key in results["cases"] and (value := _ratio(results["cases"][key], HEADLINE_RECIPE, reference, field)):
+            results[name] = value
     return results
+
+
+def select_cases(keys: list[str], runs: list[str] | None = None) -> tuple[Case, ...]:
+    """The cases named by ``keys`` (``Case.key``; all when empty), in the order given, each
+    keeping only the ``runs`` ("recipe/mode") named (all when None)."""
+    known = {c.key: c for c in CASES}
+    unknown = [k for k in keys if k not in known]
+    if unknown:
+        raise ValueError(f"unknown step cases {unknown}; choose from {sorted(known)}")
+    cases = tuple(known[k] for k in keys) or CASES
+    if runs is None:
+        return cases
+    valid = {f"{r}/{m}" for c in cases for r, m in c.runs}
+    if bad := sorted(set(runs) - valid):
+        raise ValueError(f"unknown step runs {bad}; choose from {sorted(valid)}")
+    keep = [tuple(r.split("/")) for r in runs]
+    return tuple(Case(c.preset, c.batch, tuple(r for r in keep if r in c.runs)) for c in cases)
+
+
+def step_markdown(step: dict) -> list[str]:
+    """The step section of the bench summary: one table per case."""
+    lines: list[str] = []
+    for key, case in step["cases"].items():
+        lines += ["", f"Training steps of `{case['preset']}`, micro-batch {case['batch']} x {case['seq_len']} "
+                  f"(vocabulary {step['vocab_size']}), `adahop train`'s step timed after calibration; "
+                  "speed relative to BF16 in its fastest mode and in the same mode; CUDA ms of one profiled "
+                  "step by kernel family:", "",
+                  "| recipe / mode | tokens/s | vs best bf16 | vs bf16 same mode | step ms | CUDA ms | "
+                  "peak alloc / reserved GiB | CUDA ms by family |", "|---|---|---|---|---|---|---|---|"]
+        for name, r in case["runs"].items():
+            if "error" in r:
+                lines.append(f"| {name} | failed: {r['error'][:120]} | | | | | | |")
+                continue
+            fams = ", ".join(f"{f} {ms:.1f}" for f, ms in r["profile"]["families_ms"].items())
+            same = r.get("speedup_vs_bf16_same_mode")
+            lines.append(
+                f"| {name} | {r['tokens_per_s']:,.0f} | {r.get('speedup_vs_bf16_best', math.nan):.2f}x | "
+                f"{'-' if same is None else f'{same:.2f}x'} | {r['step_ms']:.1f} | {r['profile']['cuda_ms']:.1f} | "
+                f"{r['peak_allocated_gib']:.1f} / {r['peak_reserved_gib']:.1f} | {fams} |"
+            )
+    return lines

@@ -204,10 +204,10 @@ def _to_float32(x, INPUT_BF16: tl.constexpr):
     return x.to(tl.float32)
 
 
-@triton.jit(do_not_specialize=["seed"])  # a new seed every step must not recompile
+@triton.jit
 def _quantize_mx_kernel(
     x_ptr, signs_ptr, row_data_ptr, row_scale_ptr, col_data_ptr, col_scale_ptr,
-    M, N, stride_m, stride_n, m_padded, n_padded, seed, hadamard_scale,
+    M, N, stride_m, stride_n, m_padded, n_padded, seed_ptr, hadamard_scale,
     ROWWISE: tl.constexpr, COLWISE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     INPUT_BF16: tl.constexpr, ROUND_TO: tl.constexpr, NATIVE_CASTS: tl.constexpr,
     HADAMARD: tl.constexpr, HADAMARD_STAGES: tl.constexpr, HAS_SIGNS: tl.constexpr,
@@ -216,6 +216,7 @@ def _quantize_mx_kernel(
     MBITS: tl.constexpr, MAX_NORMAL: tl.constexpr, MAX_CODE: tl.constexpr,
     ELEMENT_BITS: tl.constexpr, CODES_PER_UNIT: tl.constexpr,
 ):
+    seed = tl.load(seed_ptr)
     row_start = tl.program_id(0) * BLOCK_M
     col_start = tl.program_id(1) * BLOCK_N
     rows = row_start + tl.arange(0, BLOCK_M)
@@ -282,9 +283,9 @@ def _row_word(v, inv_scale, limit, sign_weight, counters, seed,
     return tl.sum(codes << (tl.arange(0, 8) * 4)[None, None, :], axis=2)
 
 
-@triton.jit(do_not_specialize=["seed"])
+@triton.jit
 def _quantize_rows_kernel(
-    x_ptr, signs_ptr, data_ptr, scale_ptr, M, N, stride_m, n_padded, seed, hadamard_scale,
+    x_ptr, signs_ptr, data_ptr, scale_ptr, M, N, stride_m, n_padded, seed_ptr, hadamard_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HADAMARD: tl.constexpr, INPUT_BF16: tl.constexpr,
     ROUND_TO: tl.constexpr, NATIVE_CASTS: tl.constexpr, HAS_SIGNS: tl.constexpr,
     RULE: tl.constexpr, STOCHASTIC: tl.constexpr, EMAX: tl.constexpr, EMIN: tl.constexpr,
@@ -302,6 +303,7 @@ def _quantize_rows_kernel(
     slices instead makes Triton move them through shuffles again (45).
     """
     NB: tl.constexpr = BLOCK_N // 32
+    seed = tl.load(seed_ptr)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     blocks = tl.program_id(1) * NB + tl.arange(0, NB)
     cols = (blocks * 32)[None, :, None] + tl.arange(0, 8)[None, None, :]  # slice 0 of each block
@@ -340,9 +342,9 @@ def _quantize_rows_kernel(
     tl.store(scale_ptr + rows.to(tl.int64)[:, None] * n_blocks + blocks[None, :], scale_codes, mask=ok)
 
 
-@triton.jit(do_not_specialize=["seed"])
+@triton.jit
 def _quantize_cols_kernel(
-    x_ptr, signs_ptr, data_ptr, scale_ptr, M, N, stride_m, m_padded, seed, hadamard_scale,
+    x_ptr, signs_ptr, data_ptr, scale_ptr, M, N, stride_m, m_padded, seed_ptr, hadamard_scale,
     BLOCK_N: tl.constexpr, HADAMARD: tl.constexpr, INPUT_BF16: tl.constexpr,
     ROUND_TO: tl.constexpr, NATIVE_CASTS: tl.constexpr, HAS_SIGNS: tl.constexpr,
     RULE: tl.constexpr, STOCHASTIC: tl.constexpr, EMAX: tl.constexpr, EMIN: tl.constexpr,
@@ -357,6 +359,7 @@ def _quantize_cols_kernel(
     all 32 rows of its columns in the thread: the butterfly, the block maximum and the packing
     of eight codes per word need no shuffles, unlike the general kernel's transposed tile.
     """
+    seed = tl.load(seed_ptr)
     r0 = tl.program_id(0) * 32
     cols = tl.max_contiguous(tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N), 2)
     rows = r0 + tl.arange(0, 32)
@@ -411,9 +414,27 @@ class _LaunchPlan:
     row_shapes: tuple[tuple[int, int], tuple[int, int]] | None  # (codes bytes, scales) per orientation
     col_shapes: tuple[tuple[int, int], tuple[int, int]] | None
     word_units: bool  # the kernel writes codes as int32 words (else bytes)
-    sizes: tuple[int, ...]  # the integer arguments between the pointers and the seed
+    sizes: tuple[int, ...]  # the integer arguments between the pointers and the seed pointer
     hadamard_scale: float
     constexprs: dict
+
+
+@functools.cache
+def _zero_seed(device: torch.device) -> torch.Tensor:
+    """The key a round-to-nearest launch passes (and never uses): one tensor per device, made
+    outside any CUDA-graph capture."""
+    return torch.zeros((), dtype=torch.int64, device=device)
+
+
+def _seed_on(device: torch.device, seed: int | torch.Tensor | None) -> torch.Tensor:
+    """The Philox key as an int64 scalar on ``device``. Kernels read it from memory rather than
+    take it as an argument, so a captured CUDA graph replays with whatever seed the step drew
+    on the device, instead of the one baked in at capture."""
+    if seed is None:
+        return _zero_seed(device)
+    if isinstance(seed, torch.Tensor):
+        return seed.to(device=device, dtype=torch.int64)
+    return torch.tensor(seed, dtype=torch.int64, device=device)
 
 
 def _storage_shapes(outer: int, length: int, efmt: ElementFormat, block_size: int):
@@ -494,7 +515,7 @@ def _quantize(
     block_size: int,
     scale_rule: str,
     rounding: str,
-    seed: int | None,
+    seed: int | torch.Tensor | None,
     hadamard_block_size: int | None,
     signs: torch.Tensor | None,
     tiling: QuantizeTiling | None,
@@ -520,8 +541,8 @@ def _quantize(
         scales = torch.empty(shapes[1], dtype=torch.uint8, device=x.device)
         pointers += [data.view(torch.int32) if plan.word_units else data, scales]
         results.append(MXTensor(data, scales, fmt, axis, block_size, x.shape))
-    seed = 0 if seed is None else seed
-    plan.kernel[plan.grid](*pointers, *plan.sizes, seed, plan.hadamard_scale, **plan.constexprs)
+    seed_ptr = _seed_on(x.device, seed) if rounding == "stochastic" else _zero_seed(x.device)
+    plan.kernel[plan.grid](*pointers, *plan.sizes, seed_ptr, plan.hadamard_scale, **plan.constexprs)
     return results[0], results[1]
 
 
@@ -533,7 +554,7 @@ def quantize_mx_triton(
     block_size: int = 32,
     scale_rule: str = "floor",
     rounding: str = "nearest",
-    seed: int | None = None,
+    seed: int | torch.Tensor | None = None,
     hadamard_block_size: int | None = None,
     signs: torch.Tensor | None = None,
     tiling: QuantizeTiling | None = None,
@@ -562,7 +583,7 @@ def quantize_mx_triton_both(
     block_size: int = 32,
     scale_rule: str = "floor",
     rounding: str = "nearest",
-    seed: int | None = None,
+    seed: int | torch.Tensor | None = None,
     hadamard_block_size: int | None = None,
     signs: torch.Tensor | None = None,
     tiling: QuantizeTiling | None = None,

@@ -39,14 +39,16 @@ from ..transforms import random_signs
 SEED_BOUND = 1 << 62
 
 
-def draw_rounding_seeds() -> torch.Tensor:
-    """Philox keys for the dgrad and wgrad quantization of dY, from torch's global CPU generator.
+def draw_rounding_seeds(device: torch.device | str = "cpu") -> torch.Tensor:
+    """Philox keys for the dgrad and wgrad quantization of dY, from torch's generator of ``device``.
 
     Drawn once per training forward, so ``torch.manual_seed`` makes runs reproducible and a
-    checkpoint that restores the RNG state resumes the exact same noise. A CPU tensor (not a
-    Python int) so a compiled graph neither syncs with the GPU nor specialises on its value.
+    checkpoint that restores the RNG state resumes the exact same noise. A tensor (not a Python
+    int) so a compiled graph does not specialise on its value; on the layer's own device so the
+    step never waits on the host, and a step captured as a CUDA graph draws new keys (CUDA's
+    Philox offset advances) on every replay.
     """
-    return torch.randint(0, SEED_BOUND, (2,), dtype=torch.int64)
+    return torch.randint(0, SEED_BOUND, (2,), dtype=torch.int64, device=device)
 
 
 @dataclass(frozen=True)
@@ -210,7 +212,8 @@ class AdaHOPLinear(nn.Linear):
             x, weight = x.to(dtype), weight.to(dtype)
             bias = None if bias is None else bias.to(dtype)
         needs_grad = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
-        cfg = self._gemm_config(draw_rounding_seeds() if needs_grad else torch.zeros(2, dtype=torch.int64))
+        seeds = draw_rounding_seeds(x.device) if needs_grad else torch.zeros(2, dtype=torch.int64)
+        cfg = self._gemm_config(seeds)
         with torch.autocast(x.device.type, enabled=False):
             y = _AdaHOPLinearFn.apply(x.reshape(-1, self.in_features), weight, cfg)
         y = y.reshape(*x.shape[:-1], self.out_features)

@@ -84,6 +84,7 @@ class TrainingConfig:
     autocast: bool = True  # bf16 autocast on CUDA (CPU runs in fp32)
     compile: bool = False  # torch.compile each transformer block once calibration has frozen the plans
     compile_backend: str = "inductor"  # a torch.compile backend ("aot_eager" needs no C++ compiler)
+    cuda_graph: bool = True  # on CUDA, replay each micro-step as one CUDA graph once the plans are frozen
 
 
 @dataclass

@@ -36,6 +36,7 @@ from .checkpoint import (
     training_state,
 )
 from .config import ConfigError, TrainConfig
+from .graphs import GraphedMicroStep
 from .metrics import PLOT_FILE, MetricsLogger, peak_memory_mib, plot_losses, read_metrics
 from .optim import build_lr_scheduler, build_optimizer
 
@@ -85,6 +86,7 @@ class Trainer:
         self.tokens_per_step = cfg.data.batch_size * cfg.data.seq_len * cfg.training.grad_accum
         self.step = 0
         self._plan_saved = self._compiled = False
+        self._graphed: GraphedMicroStep | None = None
         if latest is not None:
             self._resume_from(latest)
         elif resume:
@@ -131,22 +133,43 @@ class Trainer:
         self._compiled = True
         log.info("compiled %d transformer blocks (backend %s)", len(self.model.layers), self.cfg.training.compile_backend)
 
+    def _maybe_graph(self) -> None:
+        """Replay micro-steps as a CUDA graph once no layer calibrates (calibration votes on the
+        host every step; a frozen step never waits on it)."""
+        if self._graphed is not None or not self.cfg.training.cuda_graph or self.device.type != "cuda":
+            return
+        if self.phase == "calibrating":
+            return
+        dtype = torch.bfloat16 if self.cfg.training.autocast else None
+        self._graphed = GraphedMicroStep(self.model, loss_scale=1 / self.cfg.training.grad_accum, autocast_dtype=dtype)
+
+    @property
+    def graph_captured(self) -> bool:
+        return self._graphed is not None and self._graphed.captured
+
     # ---- steps --------------------------------------------------------------------------------
     def _autocast(self) -> torch.autocast:
         enabled = self.device.type == "cuda" and self.cfg.training.autocast
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=enabled)
 
+    def _micro_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Forward and backward of one micro-batch (gradients accumulate); returns its loss."""
+        if self._graphed is not None:
+            return self._graphed(inputs, targets)
+        with self._autocast():
+            _, loss = self.model(inputs, targets)
+        (loss / self.cfg.training.grad_accum).backward()
+        return loss.detach()
+
     def train_step(self) -> tuple[float, float]:
         """One optimizer step over ``grad_accum`` micro-batches; returns (loss, grad norm)."""
         self._maybe_compile()
+        self._maybe_graph()
         accum = self.cfg.training.grad_accum
         loss_sum = torch.zeros((), device=self.device)
         for _ in range(accum):
             inputs, targets = (t.to(self.device, non_blocking=True) for t in next(self.data.train))
-            with self._autocast():
-                _, loss = self.model(inputs, targets)
-            (loss / accum).backward()
-            loss_sum += loss.detach()
+            loss_sum += self._micro_step(inputs, targets)
         loss = (loss_sum / accum).item()
         max_norm = self.cfg.optim.grad_clip or math.inf  # inf: measure the norm, clip nothing
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm).item()
@@ -159,7 +182,7 @@ class Trainer:
             )
         self.optimizer.step()
         self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=self._graphed is None)  # a graph accumulates in place
         return loss, grad_norm
 
     @torch.no_grad()

@@ -1,0 +1,83 @@
+"""CUDA-graph training micro-steps against eager ones (GPU only; the H200 log is in benchmarks/results/)."""
+
+import pytest
+import torch
+
+from adahop.models import build_model
+from adahop.nn import adahop_layers, convert_model
+from adahop.train.graphs import GraphedMicroStep
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+VOCAB, BATCH, SEQ = 512, 4, 128
+CALIBRATION = 2
+
+
+def _model(recipe: dict) -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = build_model("tiny", vocab_size=VOCAB).cuda()
+    return convert_model(model, {"calibration_steps": CALIBRATION} | recipe)
+
+
+def _batches(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, VOCAB, (n, BATCH, SEQ + 1), generator=g).cuda()
+    return [(t[:, :-1], t[:, 1:]) for t in tokens]
+
+
+def _losses(model: torch.nn.Module, batches, graphed: bool) -> list[float]:
+    """Calibrate eagerly, then train on ``batches`` eagerly or through a CUDA graph."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    step = GraphedMicroStep(model) if graphed else None
+    losses = []
+    for i, (inputs, targets) in enumerate(batches):
+        frozen = not any(m.calibrating for m in adahop_layers(model).values())
+        if step is not None and frozen and i > CALIBRATION:
+            loss = step(inputs, targets)
+        else:
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                _, loss = model(inputs, targets)
+            loss.backward()
+        losses.append(loss.item())
+        opt.step()
+        opt.zero_grad(set_to_none=step is None)
+    if step is not None:
+        assert step.captured
+    return losses
+
+
+@pytest.mark.parametrize(
+    ("recipe", "tolerance"),
+    [
+        # Round to nearest everywhere: only the order of atomic adds may differ.
+        ({"name": "mxfp4_hadamard", "grad_rounding": "nearest"}, 2e-3),
+        # Stochastic rounding draws other (equally random) keys inside the graph.
+        ({"name": "adahop_lv2"}, 3e-2),
+    ],
+)
+def test_graphed_steps_train_like_eager_steps(recipe, tolerance):
+    batches = _batches(10)
+    eager = _losses(_model(recipe), batches, graphed=False)
+    graphed = _losses(_model(recipe), batches, graphed=True)
+    assert max(abs(a - b) for a, b in zip(eager, graphed)) < tolerance, (eager, graphed)
+    assert graphed[-1] < graphed[0]
+
+
+@pytest.mark.parametrize(("recipe", "fresh_noise"), [("adahop_lv2", True), ("bf16", False)])
+def test_every_replay_rounds_with_fresh_noise(recipe, fresh_noise):
+    """The seeds are drawn on the device inside the graph, so a replay is not a copy of the last."""
+    model = _model({"name": recipe})
+    (inputs, targets), = _batches(1)
+    for _ in range(CALIBRATION + 1):  # calibrate and freeze
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            model(inputs, targets)[1].backward()
+    step = GraphedMicroStep(model)
+    grads = []
+    for _ in range(3):  # warm-up, capture + replay, replay
+        model.zero_grad(set_to_none=False)
+        step(inputs, targets)
+        grads.append(model.layers[0].feed_forward.w2.weight.grad.clone())
+    assert step.captured
+    assert torch.equal(grads[1], grads[2]) is not fresh_noise
