@@ -103,9 +103,12 @@ def test_tiny_cpu_config_spells_out_the_defaults():
     assert load_config(CONFIGS / "tiny_cpu.toml").to_dict() == default.to_dict()
 
 
-def test_h200_config_is_valid():
-    cfg = load_config(CONFIGS / "llama3_1b_h200.toml")  # validates
-    assert (cfg.model.preset, cfg.training.device, cfg.recipe.name) == ("llama3_1b", "cuda", "adahop_lv2")
+@pytest.mark.parametrize("preset", ["llama3_1b", "llama3_3b"])
+def test_h200_configs_train_in_the_fastest_mode_with_64k_token_steps(preset):
+    cfg = load_config(CONFIGS / f"{preset}_h200.toml")  # validates
+    assert (cfg.model.preset, cfg.training.device, cfg.recipe.name) == (preset, "cuda", "adahop_lv2")
+    assert cfg.training.compile and cfg.training.cuda_graph  # what the step bench measured fastest
+    assert cfg.data.batch_size * cfg.data.seq_len * cfg.training.grad_accum == 65536
 
 
 def test_bad_config_file_is_named(tmp_path):
