@@ -27,6 +27,15 @@ def _batches(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(t[:, :-1], t[:, 1:]) for t in tokens]
 
 
+def _eager_step(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> float:
+    # A function of its own, so that no tensor of this step's autograd graph outlives it: a graph
+    # kept alive keeps AccumulateGrad nodes bound to the default stream, which capture refuses.
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        _, loss = model(inputs, targets)
+    loss.backward()
+    return loss.item()
+
+
 def _losses(model: torch.nn.Module, batches, graphed: bool) -> list[float]:
     """Calibrate eagerly, then train on ``batches`` eagerly or through a CUDA graph."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
@@ -35,12 +44,9 @@ def _losses(model: torch.nn.Module, batches, graphed: bool) -> list[float]:
     for i, (inputs, targets) in enumerate(batches):
         frozen = not any(m.calibrating for m in adahop_layers(model).values())
         if step is not None and frozen and i > CALIBRATION:
-            loss = step(inputs, targets)
+            losses.append(step(inputs, targets).item())
         else:
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                _, loss = model(inputs, targets)
-            loss.backward()
-        losses.append(loss.item())
+            losses.append(_eager_step(model, inputs, targets))
         opt.step()
         opt.zero_grad(set_to_none=step is None)
     if step is not None:
@@ -71,8 +77,7 @@ def test_every_replay_rounds_with_fresh_noise(recipe, fresh_noise):
     model = _model({"name": recipe})
     (inputs, targets), = _batches(1)
     for _ in range(CALIBRATION + 1):  # calibrate and freeze
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            model(inputs, targets)[1].backward()
+        _eager_step(model, inputs, targets)
     step = GraphedMicroStep(model)
     grads = []
     for _ in range(3):  # warm-up, capture + replay, replay

@@ -10,7 +10,9 @@ Capture needs a step that never waits on the host and keeps its memory where the
   offset, so every replay rounds with fresh noise, reproducibly for a seed);
 - gradients accumulate in place into ``.grad`` tensors that stay allocated, so the optimizer
   must zero them with ``zero_grad(set_to_none=False)``;
-- the batch is copied into static input tensors; a batch of another shape runs eagerly.
+- the batch is copied into static input tensors; a batch of another shape runs eagerly;
+- no tensor of an earlier step's autograd graph may still be alive at capture (it would keep
+  AccumulateGrad nodes bound to the default stream); the trainer keeps none.
 
 The first call runs eagerly on a side stream (it compiles Triton kernels and any
 ``torch.compile``'d blocks and sets up cuBLAS, none of which may happen during capture); the
@@ -53,6 +55,8 @@ class GraphedMicroStep:
         self._graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self._graph):
             self._loss = self._forward_backward(self._inputs, self._targets)
+        # The eager warm-up's blocks stay cached beside the graph's own pool: give them back.
+        torch.cuda.empty_cache()
 
     def __call__(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         if not inputs.is_cuda:
