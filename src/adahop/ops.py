@@ -18,6 +18,7 @@ from collections.abc import Iterator
 import torch
 
 from .formats import ELEMENT_FORMATS, MXTensor, quantize_mx
+from .formats.folded import FoldedFP8
 from .transforms import hadamard_transform
 
 _kernels_enabled = True
@@ -117,6 +118,72 @@ def quantize_2d(
     return MXTensor(data, scales, fmt, axis % 2, block_size, x.shape)
 
 
+# ---- quantize straight into the folded FP8 operand -------------------------------------------
+def _quantize_fold_reference(x, scale_rule, rounding, seed, hadamard_block_size, signs):
+    from .kernels.fold import fold_to_fp8_reference
+
+    data, scales = _quantize_reference(x, "mxfp4", 1, 32, scale_rule, rounding, seed, hadamard_block_size, signs)
+    folded = fold_to_fp8_reference(MXTensor(data, scales, "mxfp4", 1, 32, x.shape))
+    return folded.data.view(torch.uint8), folded.row_scale, folded.lossy_per_row
+
+
+@torch.library.custom_op("adahop::quantize_fold_fp8", mutates_args=())
+def quantize_fold_op(
+    x: torch.Tensor,
+    scale_rule: str,
+    rounding: str,
+    seed: torch.Tensor,
+    hadamard_block_size: int,
+    signs: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(E4M3 bytes, row scales, lossy counts) of the fold of row-wise MXFP4 ``quantize_mx_op``."""
+    return _quantize_fold_reference(x, scale_rule, rounding, seed, hadamard_block_size, signs)
+
+
+@quantize_fold_op.register_kernel("cuda")
+def _quantize_fold_cuda(x, scale_rule, rounding, seed, hadamard_block_size, signs):
+    if not _kernels_enabled:
+        return _quantize_fold_reference(x, scale_rule, rounding, seed, hadamard_block_size, signs)
+    from .kernels.quantize_fold import quantize_fold_fp8
+
+    folded = quantize_fold_fp8(x, scale_rule=scale_rule, rounding=rounding, seed=seed,
+                               hadamard_block_size=hadamard_block_size, signs=signs)
+    return folded.data.view(torch.uint8), folded.row_scale, folded.lossy_per_row
+
+
+@quantize_fold_op.register_fake
+def _(x, scale_rule, rounding, seed, hadamard_block_size, signs):
+    rows = x.shape[0]
+    return (x.new_empty(x.shape, dtype=torch.uint8), x.new_empty(rows, dtype=torch.float32),
+            x.new_empty(rows, dtype=torch.int32))
+
+
+def quantize_fold_2d(
+    x: torch.Tensor,
+    *,
+    scale_rule: str,
+    rounding: str,
+    seed: torch.Tensor,
+    hadamard_block_size: int = 0,
+    signs: torch.Tensor | None = None,
+) -> FoldedFP8:
+    """MXFP4 (blocks of 32 along rows) of row-major ``x``, already folded for the FP8 GEMM."""
+    args = (x, scale_rule, rounding, seed, hadamard_block_size, signs)
+    data, row_scale, lossy = _quantize_fold_cuda(*args) if _eager_cuda(x) else quantize_fold_op(*args)
+    return FoldedFP8(data.view(torch.float8_e4m3fn), row_scale, lossy)
+
+
+@torch.compiler.assume_constant_result  # a property of the device: torch.compile evaluates it once
+def folds_into_fp8(device: torch.device, n: int) -> bool:
+    """Whether a GEMM with ``n`` output columns on ``device`` runs on folded FP8 operands (the
+    Hopper route), so that operands it consumes right away are best quantized straight into it."""
+    if device.type != "cuda" or not _kernels_enabled:
+        return False
+    from .kernels.gemm import default_route
+
+    return default_route(device, n) == "fold_fp8"
+
+
 # ---- matmul -------------------------------------------------------------------------------
 def _mx(data: torch.Tensor, scales: torch.Tensor, fmt: str, block_size: int) -> MXTensor:
     """An MXTensor over the padded, block-axis-last storage (the padding multiplies as zeros)."""
@@ -165,3 +232,55 @@ def mx_matmul(a: MXTensor, b: MXTensor, out_dtype: torch.dtype) -> torch.Tensor:
         raise ValueError(f"incompatible MX operands: {a} and {b}")
     args = (a.data, a.scales, b.data, b.scales, a.fmt, a.block_size, out_dtype)
     return _mx_matmul_cuda(*args) if _eager_cuda(a.data) else mx_matmul_op(*args)
+
+
+# ---- fold, and the GEMM of folded operands -------------------------------------------------
+def _fold_reference(data, scales, block_size):
+    from .kernels.fold import fold_to_fp8_reference
+
+    folded = fold_to_fp8_reference(_mx(data, scales, "mxfp4", block_size))
+    return folded.data.view(torch.uint8), folded.row_scale, folded.lossy_per_row
+
+
+@torch.library.custom_op("adahop::fold_fp8", mutates_args=())
+def fold_op(data: torch.Tensor, scales: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(E4M3 bytes, row scales, lossy counts) of an MXFP4 operand stored block-axis-last."""
+    return _fold_reference(data, scales, block_size)
+
+
+@fold_op.register_kernel("cuda")
+def _fold_cuda(data, scales, block_size):
+    if not _kernels_enabled:
+        return _fold_reference(data, scales, block_size)
+    from .kernels.fold import fold_to_fp8
+
+    folded = fold_to_fp8(_mx(data, scales, "mxfp4", block_size))
+    return folded.data.view(torch.uint8), folded.row_scale, folded.lossy_per_row
+
+
+@fold_op.register_fake
+def _(data, scales, block_size):
+    rows = data.shape[0]
+    return (data.new_empty((rows, scales.shape[1] * block_size)), data.new_empty(rows, dtype=torch.float32),
+            data.new_empty(rows, dtype=torch.int32))
+
+
+def fold_fp8(mx: MXTensor) -> FoldedFP8:
+    """An MXFP4 operand blocked along its last dim, folded for the FP8 GEMM."""
+    args = (mx.data, mx.scales, mx.block_size)
+    data, row_scale, lossy = _fold_cuda(*args) if _eager_cuda(mx.data) else fold_op(*args)
+    return FoldedFP8(data.view(torch.float8_e4m3fn), row_scale, lossy)
+
+
+def folded_matmul(a: FoldedFP8 | MXTensor, b: FoldedFP8 | MXTensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """``A @ B.T`` where at least one side is already folded; an MX side is folded first. On CUDA
+    cuBLAS's row-wise scaled FP8 GEMM (fast accumulation, as ``mx_matmul``'s fold route);
+    elsewhere the same products in float32."""
+    a, b = (fold_fp8(t) if isinstance(t, MXTensor) else t for t in (a, b))
+    if a.shape[1] != b.shape[1]:
+        raise ValueError(f"folded operands differ in K: {tuple(a.shape)} and {tuple(b.shape)}")
+    if a.data.is_cuda and _kernels_enabled:
+        from .kernels.gemm import fold_fp8_matmul
+
+        return fold_fp8_matmul(a, b, out_dtype)
+    return (a.dequantize() @ b.dequantize().T).to(out_dtype)

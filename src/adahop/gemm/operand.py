@@ -28,6 +28,7 @@ import torch
 
 from .. import ops
 from ..formats import MXTensor
+from ..formats.folded import FoldedFP8
 from ..policy.strategies import Strategy
 from ..transforms import hadamard_transform
 
@@ -48,7 +49,7 @@ class QuantSpec:
 class GemmOperand:
     """One side of ``C = L @ R.T``, prepared along its last dimension (K)."""
 
-    quantized: MXTensor | torch.Tensor | None = None  # a Tensor when spec.fmt is None
+    quantized: MXTensor | FoldedFP8 | torch.Tensor | None = None  # a Tensor when spec.fmt is None
     dense: torch.Tensor | None = None  # high-precision operand (BF16 GEMM, or the other side's OE)
     rows: torch.Tensor | None = None  # indices of extracted outlier rows
     extracted: torch.Tensor | None = None  # those rows, in high precision
@@ -89,14 +90,20 @@ def outlier_rows(t: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def _rotate_and_quantize(
-    t: torch.Tensor, spec: QuantSpec, rotate: bool, seed: torch.Tensor
-) -> MXTensor | torch.Tensor:
-    """Inner Hadamard (if ``rotate``) and MX quantization along the last dim, one fused op."""
+    t: torch.Tensor, spec: QuantSpec, rotate: bool, seed: torch.Tensor, fold: bool
+) -> MXTensor | FoldedFP8 | torch.Tensor:
+    """Inner Hadamard (if ``rotate``) and MX quantization along the last dim, one fused op;
+    ``fold``: straight into the folded FP8 operand where the fused kernel serves ``t``."""
     hb = spec.hadamard_block_size if rotate else 0
     if hb and t.shape[-1] % hb:  # zero padding of K leaves L @ R.T unchanged
         t = torch.nn.functional.pad(t, (0, -t.shape[-1] % hb))
     if spec.fmt is None:
         return hadamard_transform(t, block_size=hb, signs=spec.hadamard_signs) if hb else t
+    if fold and t.is_contiguous() and _folds_directly(t, spec, hb):
+        return ops.quantize_fold_2d(
+            t, scale_rule=spec.scale_rule, rounding=spec.rounding, seed=seed, hadamard_block_size=hb,
+            signs=spec.hadamard_signs,
+        )
     # A transposed view (Xᵀ, dYᵀ, Wᵀ) is quantized along dim 0 of its row-major source, no copy.
     transposed = not t.is_contiguous() and t.t().is_contiguous()
     source, axis = (t.t(), 0) if transposed else (t.contiguous(), 1)
@@ -104,6 +111,13 @@ def _rotate_and_quantize(
         source, spec.fmt, axis=axis, block_size=spec.block_size, scale_rule=spec.scale_rule,
         rounding=spec.rounding, seed=seed, hadamard_block_size=hb, signs=spec.hadamard_signs,
     )
+
+
+def _folds_directly(t: torch.Tensor, spec: QuantSpec, hb: int) -> bool:
+    """The fused quantize-and-fold kernel's cases: MXFP4, blocks of 32 filling the rows, no
+    Hadamard or a 32-point one."""
+    return (spec.fmt == "mxfp4" and spec.block_size == 32 and hb in (0, 32) and t.dim() == 2
+            and t.shape[1] % 32 == 0)
 
 
 def prepare_operand(
@@ -115,11 +129,14 @@ def prepare_operand(
     oe_k: int = 64,
     seed: torch.Tensor | int = 0,
     keep_dense: bool | None = None,
+    fold: bool = False,
 ) -> GemmOperand:
     """Prepare ``t`` ([rows, K]) as the ``side`` ("L" or "R") operand of a GEMM run with ``strategy``.
 
     ``keep_dense`` defaults to what the strategy needs: the other side's extracted rows are
-    multiplied with this operand in high precision.
+    multiplied with this operand in high precision. ``fold``: the GEMM consumes this operand
+    right away on folded FP8 (``ops.folds_into_fp8``), so a row-major one is quantized straight
+    into that form; operands kept for later (saved for backward) stay packed MXFP4.
     """
     if side not in ("L", "R"):
         raise ValueError(f"side must be 'L' or 'R', got {side!r}")
@@ -139,5 +156,5 @@ def prepare_operand(
         # extracted rows need not be zeroed first: their products are overwritten in tn_matmul.
         op.rows = outlier_rows(t, oe_k)
         op.extracted = t[op.rows]
-    op.quantized = _rotate_and_quantize(t, spec, rotate, torch.as_tensor(seed, dtype=torch.int64))
+    op.quantized = _rotate_and_quantize(t, spec, rotate, torch.as_tensor(seed, dtype=torch.int64), fold)
     return op

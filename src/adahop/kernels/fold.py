@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from ..formats import MXTensor
+from ..formats.folded import FoldedFP8
 from ..formats.elements import E4M3, decode_e2m1, encode_fp8
 from ..formats.scales import E8M0_BIAS, E8M0_NAN
 from .mx_triton import INTERPRET, cdiv, e2m1_to_fp32
@@ -41,20 +42,6 @@ _MIN_NORMAL_SHIFT = tl.constexpr(-5)  # 0.5 * 2**-5 = 2**-6, E4M3's smallest nor
 _E4M3_MIN_NORMAL = tl.constexpr(2.0**-6)
 _E4M3_SUBNORMAL_STEPS = tl.constexpr(512.0)  # 1 / 2**-9, the subnormal quantum
 _RNE_MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2**23: (x + magic) - magic rounds to even
-
-
-@dataclass
-class FoldedFP8:
-    """An MXFP4 matrix as E4M3 values times a float32 scale per row."""
-
-    data: torch.Tensor  # float8_e4m3fn [rows, padded_k]
-    row_scale: torch.Tensor  # float32 [rows]
-    lossy_per_row: torch.Tensor  # int32 [rows]: elements that underflowed when folding
-
-    @property
-    def n_lossy(self) -> int:
-        """Elements whose folded value differs from the MXFP4 value (synchronizes on CUDA)."""
-        return int(self.lossy_per_row.sum())
 
 
 def check_fold_operand(mx: MXTensor) -> None:

@@ -111,7 +111,7 @@ def default_tiling(orientation: str, device: torch.device, hadamard: bool = Fals
 
 
 @triton.jit
-def _block_scales(amax_bits, finite, RULE: tl.constexpr, EMAX: tl.constexpr, MAX_NORMAL: tl.constexpr,
+def block_scales(amax_bits, finite, RULE: tl.constexpr, EMAX: tl.constexpr, MAX_NORMAL: tl.constexpr,
                   MBITS: tl.constexpr, MAX_CODE: tl.constexpr, ELEMENT_BITS: tl.constexpr):
     """Per block, from its maximum's float32 bits: ``2**-s`` (s <= 126 for every finite amax, so a
     normal number), the code limit and the sign weight (both 0 for a NaN/Inf block, whose element
@@ -164,7 +164,7 @@ def _quantize_tile(
         amax = tl.reduce(tl.abs(blocks), 2, max_keeping_nan)
         finite = amax < float("inf")
         amax_bits = amax.to(tl.int32, bitcast=True)
-    inv_scale, limit, sign_weight, scale_codes = _block_scales(
+    inv_scale, limit, sign_weight, scale_codes = block_scales(
         amax_bits, finite, RULE, EMAX, MAX_NORMAL, MBITS, MAX_CODE, ELEMENT_BITS
     )
     scaled = blocks * inv_scale[:, :, None]
@@ -242,7 +242,7 @@ def _quantize_mx_kernel(
 
 
 @triton.jit
-def _row_slice(x, signs_ptr, k: tl.constexpr, HADAMARD: tl.constexpr, INPUT_BF16: tl.constexpr,
+def row_slice(x, signs_ptr, k: tl.constexpr, HADAMARD: tl.constexpr, INPUT_BF16: tl.constexpr,
                HAS_SIGNS: tl.constexpr):
     """Slice ``k`` (elements 8k..8k+7 of each block, [R, NB, 8]) as float32, after butterfly
     stages 1, 2, 4 when ``HADAMARD``."""
@@ -257,7 +257,7 @@ def _row_slice(x, signs_ptr, k: tl.constexpr, HADAMARD: tl.constexpr, INPUT_BF16
 
 
 @triton.jit
-def _h32_finish(v, hadamard_scale, ROUND_TO: tl.constexpr, NATIVE_CASTS: tl.constexpr):
+def h32_finish(v, hadamard_scale, ROUND_TO: tl.constexpr, NATIVE_CASTS: tl.constexpr):
     """Normalise a transformed slice and round it to the input dtype, as the reference does.
 
     No padding to zero: a Hadamard needs a row length that is a multiple of 32, so a block is
@@ -269,17 +269,60 @@ def _h32_finish(v, hadamard_scale, ROUND_TO: tl.constexpr, NATIVE_CASTS: tl.cons
 
 
 @triton.jit
-def _row_word(v, inv_scale, limit, sign_weight, counters, seed,
+def row_blocks(x_ptr, signs_ptr, rows, blocks, M, N, stride_m, hadamard_scale,
+               HADAMARD: tl.constexpr, INPUT_BF16: tl.constexpr, ROUND_TO: tl.constexpr,
+               NATIVE_CASTS: tl.constexpr, HAS_SIGNS: tl.constexpr, RULE: tl.constexpr, EMAX: tl.constexpr,
+               MAX_NORMAL: tl.constexpr, MBITS: tl.constexpr, MAX_CODE: tl.constexpr):
+    """Blocks ``blocks`` of ``rows`` as four float32 slices [R, NB, 8] (elements 8k..8k+7 of each
+    block, after the 32-point Hadamard when ``HADAMARD``), with each block's inverse scale, code
+    limit and sign weight ([R, NB, 1]) and E8M0 code ([R, NB]).
+
+    Each block is loaded as four 8-wide slices (16-byte loads for bf16) that share one register
+    layout, so butterfly stages 1, 2, 4 run inside a slice and stages 8, 16 between slices, in
+    the reference's order, and the block maximum stays in the thread.
+    """
+    cols = (blocks * 32)[None, :, None] + tl.arange(0, 8)[None, None, :]  # slice 0 of each block
+    offs = (rows.to(tl.int64) * stride_m)[:, None, None] + cols
+    row_ok = (rows < M)[:, None, None]  # columns past N load as zeros: the padding of a partial block
+    v0 = row_slice(tl.load(x_ptr + offs, mask=row_ok & (cols < N), other=0), signs_ptr, 0, HADAMARD, INPUT_BF16, HAS_SIGNS)
+    v1 = row_slice(tl.load(x_ptr + offs + 8, mask=row_ok & (cols + 8 < N), other=0), signs_ptr, 1, HADAMARD, INPUT_BF16, HAS_SIGNS)
+    v2 = row_slice(tl.load(x_ptr + offs + 16, mask=row_ok & (cols + 16 < N), other=0), signs_ptr, 2, HADAMARD, INPUT_BF16, HAS_SIGNS)
+    v3 = row_slice(tl.load(x_ptr + offs + 24, mask=row_ok & (cols + 24 < N), other=0), signs_ptr, 3, HADAMARD, INPUT_BF16, HAS_SIGNS)
+    if HADAMARD > 0:
+        # Stage 8 pairs slices (0, 1) and (2, 3); stage 16 pairs (0, 2) and (1, 3).
+        a0, a1, a2, a3 = v0 + v1, v0 - v1, v2 + v3, v2 - v3
+        v0 = h32_finish(a0 + a2, hadamard_scale, ROUND_TO, NATIVE_CASTS)
+        v1 = h32_finish(a1 + a3, hadamard_scale, ROUND_TO, NATIVE_CASTS)
+        v2 = h32_finish(a0 - a2, hadamard_scale, ROUND_TO, NATIVE_CASTS)
+        v3 = h32_finish(a1 - a3, hadamard_scale, ROUND_TO, NATIVE_CASTS)
+
+    amax = max_keeping_nan(max_keeping_nan(tl.abs(v0), tl.abs(v1)), max_keeping_nan(tl.abs(v2), tl.abs(v3)))
+    amax = tl.reduce(amax, 2, max_keeping_nan)
+    inv_scale, limit, sign_weight, scale_codes = block_scales(
+        amax.to(tl.int32, bitcast=True), amax < float("inf"), RULE, EMAX, MAX_NORMAL, MBITS, MAX_CODE, 4
+    )
+    return (v0, v1, v2, v3, inv_scale[:, :, None], limit[:, :, None], sign_weight[:, :, None], scale_codes)
+
+
+@triton.jit
+def row_codes(v, inv_scale, limit, sign_weight, counters, seed,
               STOCHASTIC: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr):
-    """A slice's 8 codes packed into one 32-bit word per block, first code lowest."""
+    """E2M1 codes of a slice ([R, NB, 8], block scale applied here); ``counters`` [R, NB] are
+    its Philox counters (the index of its 32-bit word in the packed row)."""
     R: tl.constexpr = v.shape[0]
     NB: tl.constexpr = v.shape[1]
     scaled = v * inv_scale
     if STOCHASTIC:
         noise = tl.reshape(philox_noise_runs(seed, counters), [R, NB, 8])
-        codes = encode_elements(scaled, noise, limit, sign_weight, True, MBITS, EMIN)
-    else:
-        codes = encode_e2m1_nearest(scaled, limit, sign_weight)
+        return encode_elements(scaled, noise, limit, sign_weight, True, MBITS, EMIN)
+    return encode_e2m1_nearest(scaled, limit, sign_weight)
+
+
+@triton.jit
+def _row_word(v, inv_scale, limit, sign_weight, counters, seed,
+              STOCHASTIC: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr):
+    """A slice's 8 codes packed into one 32-bit word per block, first code lowest."""
+    codes = row_codes(v, inv_scale, limit, sign_weight, counters, seed, STOCHASTIC, MBITS, EMIN)
     return tl.sum(codes << (tl.arange(0, 8) * 4)[None, None, :], axis=2)
 
 
@@ -293,10 +336,8 @@ def _quantize_rows_kernel(
 ):
     """Row-wise MXFP4 (block 32, optional 32-point Hadamard): the forward and dgrad operands.
 
-    The same arithmetic as ``_quantize_tile``, laid out so that no value crosses a lane: each
-    block is loaded as four 8-wide slices (16-byte loads for bf16) that share one register
-    layout, so butterfly stages 1, 2, 4 run inside a slice and stages 8, 16 between slices, in
-    the reference's order; the block maximum, the codes and the four 32-bit words (one 16-byte
+    The same arithmetic as ``_quantize_tile``, laid out so that no value crosses a lane
+    (``row_blocks``): the block maximum, the codes and the four 32-bit words (one 16-byte
     store) stay in the thread. The general kernel lets Triton spread a block over lanes and
     pays for it in shuffles and selects (sm_90 instructions per element, bf16 in: 50 -> 24
     round-to-nearest, 63 -> 37 stochastic). Loading one coalesced tile and splitting it into
@@ -306,27 +347,10 @@ def _quantize_rows_kernel(
     seed = tl.load(seed_ptr)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     blocks = tl.program_id(1) * NB + tl.arange(0, NB)
-    cols = (blocks * 32)[None, :, None] + tl.arange(0, 8)[None, None, :]  # slice 0 of each block
-    offs = (rows.to(tl.int64) * stride_m)[:, None, None] + cols
-    row_ok = (rows < M)[:, None, None]  # columns past N load as zeros: the padding of a partial block
-    v0 = _row_slice(tl.load(x_ptr + offs, mask=row_ok & (cols < N), other=0), signs_ptr, 0, HADAMARD, INPUT_BF16, HAS_SIGNS)
-    v1 = _row_slice(tl.load(x_ptr + offs + 8, mask=row_ok & (cols + 8 < N), other=0), signs_ptr, 1, HADAMARD, INPUT_BF16, HAS_SIGNS)
-    v2 = _row_slice(tl.load(x_ptr + offs + 16, mask=row_ok & (cols + 16 < N), other=0), signs_ptr, 2, HADAMARD, INPUT_BF16, HAS_SIGNS)
-    v3 = _row_slice(tl.load(x_ptr + offs + 24, mask=row_ok & (cols + 24 < N), other=0), signs_ptr, 3, HADAMARD, INPUT_BF16, HAS_SIGNS)
-    if HADAMARD > 0:
-        # Stage 8 pairs slices (0, 1) and (2, 3); stage 16 pairs (0, 2) and (1, 3).
-        a0, a1, a2, a3 = v0 + v1, v0 - v1, v2 + v3, v2 - v3
-        v0 = _h32_finish(a0 + a2, hadamard_scale, ROUND_TO, NATIVE_CASTS)
-        v1 = _h32_finish(a1 + a3, hadamard_scale, ROUND_TO, NATIVE_CASTS)
-        v2 = _h32_finish(a0 - a2, hadamard_scale, ROUND_TO, NATIVE_CASTS)
-        v3 = _h32_finish(a1 - a3, hadamard_scale, ROUND_TO, NATIVE_CASTS)
-
-    amax = max_keeping_nan(max_keeping_nan(tl.abs(v0), tl.abs(v1)), max_keeping_nan(tl.abs(v2), tl.abs(v3)))
-    amax = tl.reduce(amax, 2, max_keeping_nan)
-    inv_scale, limit, sign_weight, scale_codes = _block_scales(
-        amax.to(tl.int32, bitcast=True), amax < float("inf"), RULE, EMAX, MAX_NORMAL, MBITS, MAX_CODE, 4
+    v0, v1, v2, v3, inv_scale, limit, sign_weight, scale_codes = row_blocks(
+        x_ptr, signs_ptr, rows, blocks, M, N, stride_m, hadamard_scale, HADAMARD, INPUT_BF16, ROUND_TO,
+        NATIVE_CASTS, HAS_SIGNS, RULE, EMAX, MAX_NORMAL, MBITS, MAX_CODE,
     )
-    inv_scale, limit, sign_weight = inv_scale[:, :, None], limit[:, :, None], sign_weight[:, :, None]
 
     # Word w of a row holds elements 8w..8w+7; its index is also their Philox counter.
     n_blocks = n_padded // 32
@@ -373,7 +397,7 @@ def _quantize_cols_kernel(
         v = round_to_input_dtype(v, ROUND_TO, NATIVE_CASTS)  # hadamard_transform returns it
 
     amax = tl.reduce(tl.abs(v), 1, max_keeping_nan)
-    inv_scale, limit, sign_weight, scale_codes = _block_scales(
+    inv_scale, limit, sign_weight, scale_codes = block_scales(
         amax.to(tl.int32, bitcast=True), amax < float("inf"), RULE, EMAX, MAX_NORMAL, MBITS, MAX_CODE, 4
     )
     scaled = v * inv_scale[:, None]

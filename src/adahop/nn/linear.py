@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import ops
 from ..gemm.matmul import tn_matmul
 from ..gemm.operand import GemmOperand, QuantSpec, prepare_operand
 from ..policy.calibration import PatternVotes, attach_pattern_hooks
@@ -70,8 +71,9 @@ class _AdaHOPLinearFn(torch.autograd.Function):
         if plan.forward is Strategy.BF16:
             y = F.linear(x, weight)
         else:
-            l = prepare_operand(x, plan.forward, "L", cfg.act, oe_k=cfg.oe_k)
-            r = prepare_operand(weight, plan.forward, "R", cfg.act, oe_k=cfg.oe_k)
+            fold = ops.folds_into_fp8(x.device, weight.shape[0])  # both operands are used at once
+            l = prepare_operand(x, plan.forward, "L", cfg.act, oe_k=cfg.oe_k, fold=fold)
+            r = prepare_operand(weight, plan.forward, "R", cfg.act, oe_k=cfg.oe_k, fold=fold)
             y = tn_matmul(l, r, x.dtype)
 
         # Backward operands, prepared now from the high-precision tensors (quantize and
@@ -85,6 +87,7 @@ class _AdaHOPLinearFn(torch.autograd.Function):
         ctx.save_for_backward(*w_parts, *d_parts)
         ctx.split, ctx.metas, ctx.cfg = len(w_parts), (w_meta, d_meta), cfg
         ctx.dtypes = (x.dtype, weight.dtype)
+        ctx.dgrad_fold = ops.folds_into_fp8(x.device, weight.shape[1])  # dgrad writes [T, in]
         return y
 
     @staticmethod
@@ -96,7 +99,9 @@ class _AdaHOPLinearFn(torch.autograd.Function):
         x_dtype, w_dtype = ctx.dtypes
         grad_x = grad_w = None
         if ctx.needs_input_grad[0]:
-            l = prepare_operand(grad_out, plan.dgrad, "L", cfg.grad, oe_k=cfg.oe_k, seed=cfg.dgrad_seed)
+            l = prepare_operand(
+                grad_out, plan.dgrad, "L", cfg.grad, oe_k=cfg.oe_k, seed=cfg.dgrad_seed, fold=ctx.dgrad_fold
+            )
             grad_x = tn_matmul(l, dgrad_r, x_dtype)
         if ctx.needs_input_grad[1]:
             l = prepare_operand(grad_out.t(), plan.wgrad, "L", cfg.grad, oe_k=cfg.oe_k, seed=cfg.wgrad_seed)

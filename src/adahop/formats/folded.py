@@ -1,0 +1,34 @@
+"""MXFP4 folded into FP8: E4M3 values times one float32 scale per row.
+
+Hopper has no FP4 tensor cores but has a row-wise scaled FP8 GEMM, and every E2M1 value times a
+block's power of two relative to its row's largest block is exact in E4M3 (``kernels.fold``
+says how far down that holds). This is the operand that GEMM takes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class FoldedFP8:
+    """An MXFP4 matrix as E4M3 values times a float32 scale per row."""
+
+    data: torch.Tensor  # float8_e4m3fn [rows, padded_k]
+    row_scale: torch.Tensor  # float32 [rows]
+    lossy_per_row: torch.Tensor  # int32 [rows]: elements that underflowed when folding
+
+    @property
+    def n_lossy(self) -> int:
+        """Elements whose folded value differs from the MXFP4 value (synchronizes on CUDA)."""
+        return int(self.lossy_per_row.sum())
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.data.shape
+
+    def dequantize(self) -> torch.Tensor:
+        """float32 values (exact: each is an E4M3 value times a power of two)."""
+        return self.data.to(torch.float32) * self.row_scale[:, None]
