@@ -221,15 +221,17 @@ def fold_to_fp8(mx: MXTensor, config: FoldConfig = FoldConfig()) -> FoldedFP8:
     n_rows, n_blocks = mx.scales.shape
     device = mx.data.device
     data = torch.empty(n_rows, n_blocks * mx.block_size // 2, dtype=torch.int16, device=device)
-    row_info = torch.empty(2, n_rows, dtype=torch.int32, device=device)  # scale bits, lossy counts
+    # Separate tensors, not views of one: adahop::fold_fp8's outputs may not alias each other.
+    row_scale = torch.empty(n_rows, dtype=torch.float32, device=device)
+    lossy = torch.empty(n_rows, dtype=torch.int32, device=device)
     grid = (cdiv(n_rows, config.block_r),)
     _fold_kernel[grid](
         mx.data.contiguous(),
         mx.scales.contiguous(),
         byte_pair_lut(device),
         data,
-        row_info[0],
-        row_info[1],
+        row_scale.view(torch.int32),
+        lossy,
         n_rows,
         n_blocks,
         HALF_BLOCK=mx.block_size // 2,
@@ -238,4 +240,4 @@ def fold_to_fp8(mx: MXTensor, config: FoldConfig = FoldConfig()) -> FoldedFP8:
         SCALE_CHUNK=config.scale_chunk,
         num_warps=config.num_warps,
     )
-    return FoldedFP8(data.view(torch.float8_e4m3fn), row_info[0].view(torch.float32), row_info[1])
+    return FoldedFP8(data.view(torch.float8_e4m3fn), row_scale, lossy)

@@ -138,12 +138,14 @@ def quantize_fold_fp8(
     block_m, block_n, warps = _tile(N, x.is_cuda)
     efmt = ELEMENT_FORMATS["mxfp4"]
     data = torch.empty(M, N, dtype=torch.uint8, device=x.device)
-    row_info = torch.empty(2, M, dtype=torch.int32, device=x.device)  # scale bits, lossy counts
+    # Separate tensors, not views of one: a custom op's outputs may not alias each other.
+    row_scale = torch.empty(M, dtype=torch.float32, device=x.device)
+    lossy = torch.empty(M, dtype=torch.int32, device=x.device)
     seed_ptr = _seed_on(x.device, seed) if rounding == "stochastic" else _zero_seed(x.device)
     _quantize_fold_rows_kernel[(cdiv(M, block_m),)](
         x.view(torch.int16) if x.dtype == torch.bfloat16 else x,
         x if signs is None else signs.to(device=x.device, dtype=torch.float32).contiguous(),
-        data, row_info[0], row_info[1], M, N, x.stride(0), seed_ptr,
+        data, row_scale.view(torch.int32), lossy, M, N, x.stride(0), seed_ptr,
         1 / math.sqrt(hadamard_block_size) if hadamard_block_size else 1.0,
         BLOCK_M=block_m, BLOCK_N=block_n, HADAMARD=hadamard_block_size,
         INPUT_BF16=x.dtype == torch.bfloat16,
@@ -152,4 +154,4 @@ def quantize_fold_fp8(
         STOCHASTIC=rounding == "stochastic", EMAX=efmt.emax, EMIN=efmt.emin, MBITS=efmt.mbits,
         MAX_NORMAL=efmt.max_normal, MAX_CODE=_max_code(efmt), num_warps=warps,
     )
-    return FoldedFP8(data.view(torch.float8_e4m3fn), row_info[0].view(torch.float32), row_info[1])
+    return FoldedFP8(data.view(torch.float8_e4m3fn), row_scale, lossy)
