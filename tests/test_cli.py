@@ -110,6 +110,8 @@ def test_step_bench_selects_cases_and_runs_by_name():
 
     (case,) = select_cases(["llama3_3b_4x2048"], ["adahop_lv2/compile+graph", "bf16/compile"])
     assert case.preset == "llama3_3b" and case.runs == (("adahop_lv2", "compile+graph"), ("bf16", "compile"))
+    one, three = select_cases(["llama3_1b_4x2048", "llama3_3b_4x2048"], ["bf16/compile", "llama3_3b_4x2048:adahop_lv2/compile+graph"])
+    assert one.runs == (("bf16", "compile"),) and three.runs == (("bf16", "compile"), ("adahop_lv2", "compile+graph"))
     with pytest.raises(ValueError, match="unknown step runs"):
         select_cases(["llama3_1b_4x2048"], ["bf16/turbo"])
     with pytest.raises(ValueError, match="choose from"):

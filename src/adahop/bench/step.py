@@ -259,7 +259,8 @@ def run(cases: tuple[Case, ...] = CASES) -> dict:
 
 def select_cases(keys: list[str], runs: list[str] | None = None) -> tuple[Case, ...]:
     """The cases named by ``keys`` (``Case.key``; all when empty), in the order given, each
-    keeping only the ``runs`` ("recipe/mode") named (all when None)."""
+    keeping only the ``runs`` named (all when None): "recipe/mode" for every case that has it,
+    "CASE:recipe/mode" for one case."""
     known = {c.key: c for c in CASES}
     unknown = [k for k in keys if k not in known]
     if unknown:
@@ -267,11 +268,15 @@ def select_cases(keys: list[str], runs: list[str] | None = None) -> tuple[Case, 
     cases = tuple(known[k] for k in keys) or CASES
     if runs is None:
         return cases
-    valid = {f"{r}/{m}" for c in cases for r, m in c.runs}
+    valid = {f"{r}/{m}" for c in cases for r, m in c.runs} | {f"{c.key}:{r}/{m}" for c in cases for r, m in c.runs}
     if bad := sorted(set(runs) - valid):
         raise ValueError(f"unknown step runs {bad}; choose from {sorted(valid)}")
-    keep = [tuple(r.split("/")) for r in runs]
-    return tuple(Case(c.preset, c.batch, tuple(r for r in keep if r in c.runs)) for c in cases)
+
+    def kept(case: Case) -> tuple[tuple[str, str], ...]:
+        named = [r.split(":")[-1] for r in runs if ":" not in r or r.startswith(f"{case.key}:")]
+        return tuple(run for run in (tuple(r.split("/")) for r in named) if run in case.runs)
+
+    return tuple(Case(c.preset, c.batch, kept(c)) for c in cases)
 
 
 def step_markdown(step: dict) -> list[str]:
