@@ -68,7 +68,6 @@ def test_graphed_steps_train_like_eager_steps(recipe, tolerance):
     eager = _losses(_model(recipe), batches, graphed=False)
     graphed = _losses(_model(recipe), batches, graphed=True)
     assert max(abs(a - b) for a, b in zip(eager, graphed)) < tolerance, (eager, graphed)
-    assert graphed[-1] < graphed[0]
 
 
 @pytest.mark.parametrize(("recipe", "fresh_noise"), [("adahop_lv2", True), ("bf16", False)])
