@@ -117,7 +117,7 @@ def test_resume_refuses_what_it_cannot_honour_and_records_nothing(change, error,
     run = copy_run(four_steps, tmp_path)
     before = (run / "config.toml").read_text()
     with pytest.raises(error, match=expected):
-        Trainer(load_config(None, small_overrides(run, training__steps=4, **change)), resume=True, progress=False)
+        Trainer(load_config(None, small_overrides(run, **({"training__steps": 4} | change))), resume=True, progress=False)
     assert (run / "config.toml").read_text() == before
 
 
@@ -291,4 +291,4 @@ def test_progress_bar_restarts_its_eta_when_calibration_ends(small_overrides, tm
     recording_tqdm.__wrapped__ = trainer_module.tqdm
     monkeypatch.setattr(trainer_module, "tqdm", recording_tqdm)
     Trainer(load_config(None, small_overrides(tmp_path / "run", training__steps=3)), progress=False).train()
-    assert starts == [0, 2]  # the calibration bar, then the frozen one from step 2 (its own rate)
+    assert starts == [0, 3]  # the calibration bar, then the frozen one (its own rate) from the first frozen step

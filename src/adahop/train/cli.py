@@ -86,12 +86,15 @@ def resolve_config(args: argparse.Namespace, overrides: list[tuple[str, Any]]) -
     return load_config(path, overrides)
 
 
+_HANDLER = logging.StreamHandler()
+_HANDLER.setFormatter(logging.Formatter("%(asctime)s %(message)s", datefmt="%H:%M:%S"))
+
+
 def _setup_logging() -> logging.Logger:
     logger = logging.getLogger("adahop")
     if not logger.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", datefmt="%H:%M:%S"))
-        logger.addHandler(handler)
+        logger.addHandler(_HANDLER)
+    _HANDLER.stream = sys.stderr  # the current one: main() may run more than once in a process
     logger.setLevel(logging.INFO)
     return logger
 

@@ -297,8 +297,8 @@ class Trainer:
                     start = time.perf_counter()
                     try:
                         loss, grad_norm = self.train_step()
-                    except NonFiniteTensorError as e:  # seen by a calibrating layer before the loss
-                        raise self._non_finite(f"an operand of a calibrating layer holds NaN or Inf ({e})") from None
+                    except NonFiniteTensorError:  # seen by a calibrating layer before the loss
+                        raise self._non_finite("an operand of a calibrating layer holds NaN or Inf") from None
                     timed_steps, step_time = timed_steps + 1, step_time + time.perf_counter() - start
                     self.step += 1
                     self._maybe_save_plan()
