@@ -77,16 +77,18 @@ def load_trained_model(path: str | Path):
     return model, (inputs, targets), checkpoint
 
 
-def analyze(path: str | Path, out: str | Path | None = None) -> tuple[list[LayerReport], Path]:
-    """Write the report of a run's latest checkpoint (or of a checkpoint file) to ``out``.
-
-    The backward draws stochastic-rounding seeds from torch's generator: it is seeded with
-    ``ANALYSIS_SEED`` (the caller's generator state is restored) so a checkpoint always gets
-    the same report."""
-    model, (inputs, targets), checkpoint = load_trained_model(path)
+def report_model(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> list[LayerReport]:
+    """``analyze_model`` on one batch, the same every time: the backward draws stochastic-rounding
+    seeds from torch's generator, seeded here with ``ANALYSIS_SEED`` (the caller's state is kept)."""
     with torch.random.fork_rng():
         torch.manual_seed(ANALYSIS_SEED)
-        reports = analyze_model(model, lambda m: m(inputs, targets)[1])
+        return analyze_model(model, lambda m: m(inputs, targets)[1])
+
+
+def analyze(path: str | Path, out: str | Path | None = None) -> tuple[list[LayerReport], Path]:
+    """Write the report of a run's latest checkpoint (or of a checkpoint file) to ``out``."""
+    model, (inputs, targets), checkpoint = load_trained_model(path)
+    reports = report_model(model, inputs, targets)
     out = Path(out) if out else checkpoint.parent.parent / "analysis"
     (out / "heatmaps").mkdir(parents=True, exist_ok=True)
     write_atomic(out / "report.md", markdown_report(reports, str(checkpoint)))
