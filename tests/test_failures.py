@@ -278,6 +278,7 @@ def test_new_run_refuses_to_overwrite_metrics_without_a_checkpoint(four_steps, s
 def test_resume_without_a_checkpoint_is_an_error(small_overrides, tmp_path):
     with pytest.raises(ConfigError, match="--resume: no checkpoint in .*typo/checkpoints; check --out"):
         Trainer(load_config(None, small_overrides(tmp_path / "typo")), resume=True, progress=False)
+    assert not (tmp_path / "typo").exists()  # the mistyped directory is not created
 
 
 # ---- 9. the progress bar's ETA -----------------------------------------------------------------

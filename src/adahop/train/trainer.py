@@ -99,17 +99,11 @@ class Trainer:
 
     # ---- run directory and checkpoints --------------------------------------------------------
     def _check_run_dir(self, resume: bool) -> tuple[Path, dict] | None:
-        """Create the run directory and check it fits the request; returns the checkpoint to
+        """Check the run directory fits the request and create it; returns the checkpoint to
         resume from (path, state), or None for a new run."""
         run_dir = self.run_dir
         if run_dir.exists() and not run_dir.is_dir():
             raise ConfigError(f"--out {run_dir} is a file, not a directory; pass --out DIR")
-        try:
-            run_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise ConfigError(f"cannot create the run directory --out {run_dir}: {e.strerror}") from None
-        if not os.access(run_dir, os.W_OK | os.X_OK):
-            raise ConfigError(f"cannot write to the run directory --out {run_dir}; pass a writable --out DIR")
         checkpoints = list_checkpoints(run_dir)
         if checkpoints and not resume:
             raise ConfigError(
@@ -120,6 +114,12 @@ class Trainer:
             raise ConfigError(
                 f"--resume: no checkpoint in {run_dir / CHECKPOINT_DIR}; check --out, or leave out --resume to start a new run"
             )
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"cannot create the run directory --out {run_dir}: {e.strerror}") from None
+        if not os.access(run_dir, os.W_OK | os.X_OK):
+            raise ConfigError(f"cannot write to the run directory --out {run_dir}; pass a writable --out DIR")
         if not resume:
             self._refuse_leftovers()
             return None
