@@ -111,6 +111,7 @@ def test_resume_applies_and_logs_a_changed_lr_and_length(four_steps, small_overr
         ({"training__steps": 3}, ConfigError, r"--steps 3 is before the checkpoint's step 4"),
         ({"training__steps": 6, "data__batch_size": 8}, CheckpointError, r"different data \(batch_size: checkpoint 4 vs config 8\)"),
         ({"training__steps": 6, "training__seed": 1}, CheckpointError, r"training\.seed=0, which a resumed run cannot change"),
+        ({"training__steps": 6, "training__grad_accum": 2}, CheckpointError, r"training\.grad_accum=1, which a resumed run"),
     ],
 )
 def test_resume_refuses_what_it_cannot_honour_and_records_nothing(change, error, expected, four_steps, small_overrides, tmp_path):
@@ -197,6 +198,11 @@ def test_loss_plot_and_metrics_are_replaced_atomically(tmp_path, monkeypatch):
         metrics_module.plot_losses(records, tmp_path / "loss.png")
     assert (tmp_path / "loss.png").read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["loss.png"]  # no temporary file left
+
+
+def test_a_metrics_record_cut_short_is_left_out(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"kind": "train", "step": 1, "loss": 5.0}\n{"kind": "train", "st')
+    assert read_metrics(tmp_path) == [{"kind": "train", "step": 1, "loss": 5.0}]
 
 
 # ---- 5. Ctrl-C, unusable run directories, a full disk, no CUDA --------------------------------

@@ -38,7 +38,8 @@ _NAME = re.compile(r"^step_(\d+)\.pt$")
 _ZIP_MAGIC = b"PK\x03\x04"  # torch.save writes a zip archive
 REQUIRED_KEYS = ("format", "step", "model", "optimizer", "scheduler", "data", "rng", "config")
 MATCHING_SECTIONS = ("model", "recipe", "data")  # a resumed run must not change these,
-MATCHING_KEYS = (("training", "seed"),)  # nor these; any other config change is applied
+MATCHING_KEYS = (("training", "seed"), ("training", "grad_accum"))  # nor these (the data order and
+# the tokens per step); any other config change is applied
 
 
 class CheckpointError(RuntimeError):

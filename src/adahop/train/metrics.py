@@ -36,12 +36,13 @@ def peak_memory_mib(device: torch.device) -> float:
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """The records of a ``metrics.jsonl`` file (or of a run directory's)."""
+    """The records of a ``metrics.jsonl`` file (or of a run directory's). A last line without its
+    newline is a record whose write was cut short (killed process, full disk) and is left out."""
     path = Path(path)
     if path.is_dir():
         path = path / METRICS_FILE
     with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+        return [json.loads(line) for line in f if line.strip() and line.endswith("\n")]
 
 
 class MetricsLogger:
