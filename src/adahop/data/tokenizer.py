@@ -14,7 +14,7 @@ from collections.abc import Iterable
 import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from ..atomic import atomic_file
+from ..atomic import atomic_file, remove_stale_temp_files
 from .cache import cache_dir, content_key
 from .sources import TextSource, take_bytes
 
@@ -90,6 +90,7 @@ def load_tokenizer(
             return Tokenizer.from_file(path)
         except Exception as e:  # the tokenizers library raises a bare Exception for a bad file
             log.warning("warning: cached tokenizer %s is damaged (%s); training it again", path, e)
+    remove_stale_temp_files(path.parent)
     tokenizer = train_tokenizer(
         take_bytes(source.documents(), TOKENIZER_TRAIN_BYTES), vocab_size, show_progress
     )
