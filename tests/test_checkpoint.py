@@ -113,15 +113,26 @@ def test_failed_write_keeps_the_previous_checkpoint(straight_run, monkeypatch):
 @pytest.mark.parametrize(
     "damage, expected",
     [
-        (lambda data: data[: len(data) // 2], "corrupt or truncated"),
-        (lambda data: b"\x00garbage" * 100, "corrupt or truncated"),
-        (lambda data: b"", "corrupt or truncated"),
+        (lambda data: data[: len(data) // 2], r"corrupt or truncated \(truncated archive\)$"),
+        (lambda data: b"\x00garbage" * 100, r"corrupt or truncated \(not a torch.save archive\)$"),
+        (lambda data: b"", r"corrupt or truncated \(empty file\)$"),
     ],
 )
 def test_corrupt_checkpoint_is_named(damage, expected, straight_run, tmp_path):
     path = tmp_path / "step_0000008.pt"
     path.write_bytes(damage(latest_checkpoint(straight_run.run_dir).read_bytes()))
-    with pytest.raises(CheckpointError, match=f"{path}: .*{expected}"):
+    with pytest.raises(CheckpointError, match=f"{path}: .*{expected}"):  # not torch's weights_only advice
+        load_checkpoint(path, build_model_from_config(straight_run.cfg))
+
+
+class NotATensor:
+    pass
+
+
+def test_pickled_objects_are_not_a_checkpoint(straight_run, tmp_path):
+    path = tmp_path / "objects.pt"
+    torch.save({"format": 1, "thing": NotATensor()}, path)
+    with pytest.raises(CheckpointError, match=r"\(holds objects other than tensors and plain containers\)$"):
         load_checkpoint(path, build_model_from_config(straight_run.cfg))
 
 

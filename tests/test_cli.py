@@ -12,6 +12,13 @@ def test_help_lists_every_command(capsys):
     assert all(name in out for name in COMMANDS)
 
 
+def test_version(capsys):
+    import adahop
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == f"adahop {adahop.__version__}\n"
+
+
 def test_unknown_command_is_a_clear_error(capsys):
     assert main(["trian"]) == 2
     err = capsys.readouterr().err

@@ -366,3 +366,71 @@ def test_empty_source_is_rejected(tmp_path):
     with pytest.raises(ValueError, match="contains no text"):
         load_tokens(source, tokenizer, tmp_path, progress=False)
     assert not list((tmp_path / "tokens").iterdir())
+
+
+# ---- bad encodings, non-string text, no network, damaged caches ----------------------------
+def test_text_that_is_not_utf8_is_an_error_naming_file_and_line(tmp_path):
+    (tmp_path / "latin1.txt").write_bytes("line one\nline two\ncaf\u00e9\n".encode("latin-1"))
+    (tmp_path / "latin1.jsonl").write_bytes('{"text": "ok"}\n{"text": "caf\u00e9"}\n'.encode("latin-1"))
+    (tmp_path / "binary.txt").write_bytes(b"header\n\x00\x01\x02\x03")
+    cases = {
+        "latin1.txt": r"latin1.txt:3: not UTF-8 text \(byte 0xe9\); convert the file to UTF-8",
+        "latin1.jsonl": r"latin1.jsonl:2: not UTF-8 text \(byte 0xe9\)",
+        "binary.txt": r"binary.txt:2: a NUL byte: this looks like a binary file",
+    }
+    for name, message in cases.items():
+        with pytest.raises(DataSourceError, match=message):
+            list(parse_data_spec(str(tmp_path / name)).documents())
+
+
+def test_text_fields_must_be_strings_and_null_is_empty(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "number.jsonl").write_text('{"text": "ok"}\n{"text": null}\n{"text": 12345}\n')
+    with pytest.raises(DataSourceError, match=r"number.jsonl:3: 'text' holds a int \(12345\), not a string"):
+        list(parse_data_spec(str(tmp_path / "number.jsonl")).documents())
+    pq.write_table(pa.table({"text": ["a", None, "b"]}), tmp_path / "nulls.parquet")
+    assert list(parse_data_spec(str(tmp_path / "nulls.parquet")).documents()) == ["a", "b"]
+    pq.write_table(pa.table({"text": [1, 2]}), tmp_path / "ints.parquet")
+    with pytest.raises(DataSourceError, match=r"ints.parquet: row 0: 'text' holds a int"):
+        list(parse_data_spec(str(tmp_path / "ints.parquet")).documents())
+
+
+def test_hf_source_without_network_is_one_line(monkeypatch):
+    datasets = pytest.importorskip("datasets")
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'allenai/c4' on the Hub (ConnectionError)\nmore detail")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(DataSourceError, match=r"^--data hf:allenai/c4:en: cannot stream it from Hugging Face "
+                       r"\(Couldn't reach 'allenai/c4' on the Hub \(ConnectionError\)\); check the name and the network"):
+        next(parse_data_spec("hf:allenai/c4:en").documents())
+
+
+def test_damaged_caches_are_reported_and_rebuilt(tmp_path, caplog):
+    source = parse_data_spec(str(write_jsonl(tmp_path / "docs.jsonl", [f"document {i} " * 20 for i in range(30)])))
+    cache = tmp_path / "cache"
+    tokenizer = load_tokenizer(source, vocab_size=300, cache=cache)
+    tokens = np.array(load_tokens(source, tokenizer, cache, progress=False))
+    (bin_path,) = (cache / "tokens").glob("*.bin")
+    (tokenizer_path,) = (cache / "tokenizers").glob("*.json")
+
+    bin_path.write_bytes(bin_path.read_bytes()[:100])  # cut short outside adahop
+    with caplog.at_level("WARNING", logger="adahop"):
+        assert np.array_equal(load_tokens(source, tokenizer, cache, progress=False), tokens)
+    assert f"token cache entry {bin_path.with_suffix('')} is damaged ({bin_path.name} has 100 bytes" in caplog.text
+
+    bin_path.with_suffix(".json").write_text("{not json")
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="adahop"):
+        assert np.array_equal(load_tokens(source, tokenizer, cache, progress=False), tokens)
+    assert "is damaged (unreadable (JSONDecodeError" in caplog.text
+
+    tokenizer_path.write_text("garbage")
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="adahop"):
+        again = load_tokenizer(source, vocab_size=300, cache=cache)
+    assert f"cached tokenizer {tokenizer_path} is damaged" in caplog.text
+    assert again.to_json() == tokenizer.to_json() == tokenizer_mod.Tokenizer.from_file(tokenizer_path).to_json()

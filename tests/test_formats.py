@@ -265,3 +265,9 @@ def test_bad_arguments_are_clear_errors(kwargs, err):
 def test_integer_input_is_rejected():
     with pytest.raises(TypeError, match="supports"):
         quantize_mx(torch.arange(32))
+
+
+@pytest.mark.parametrize("axis", [2, 5, -3])
+def test_axis_out_of_range_is_rejected_not_wrapped(axis):
+    with pytest.raises(IndexError, match=f"axis {axis} is out of range for a 2-D tensor"):
+        quantize_mx(torch.randn(4, 32), axis=axis)

@@ -69,3 +69,10 @@ def test_bad_arguments():
         hadamard_transform(torch.randn(4, 48))
     with pytest.raises(ValueError, match="shape"):
         hadamard_transform(torch.randn(4, 64), signs=torch.ones(16))
+
+
+def test_integer_tensors_and_bad_axes_are_rejected():
+    with pytest.raises(TypeError, match="floating-point tensor, got torch.int64"):
+        hadamard_transform(torch.arange(64).reshape(2, 32))
+    with pytest.raises(IndexError, match="axis 2 is out of range"):
+        hadamard_transform(torch.randn(2, 32), axis=2)

@@ -233,6 +233,26 @@ def test_bad_inputs_get_clear_errors():
         AdaHOPLinear(64, 32, recipe="fp3")
 
 
+def test_float64_input_error_names_the_layer():
+    layer = AdaHOPLinear(64, 32, recipe="mxfp4", layer_id=3).double()
+    with pytest.raises(TypeError, match=r"AdaHOPLinear\(in_features=64, out_features=32, layer_id=3, recipe=mxfp4\) .*got torch.float64"):
+        layer(torch.randn(4, 64, dtype=torch.float64))
+    calibrating = AdaHOPLinear(64, 32, recipe="adahop_lv2").double()  # would quantize once frozen
+    with pytest.raises(TypeError, match="float64"):
+        calibrating(torch.randn(4, 64, dtype=torch.float64))
+    high_precision = AdaHOPLinear(64, 32, recipe="bf16").double()  # never quantizes: float64 works
+    assert high_precision(torch.randn(4, 64, dtype=torch.float64)).dtype == torch.float64
+
+
+def test_converting_a_bare_linear_returns_the_converted_layer():
+    linear = nn.Linear(64, 64)
+    layer = convert_model(linear, "mxfp4")
+    assert isinstance(layer, AdaHOPLinear) and layer.weight is linear.weight
+    assert list(layer.state_dict()) == ["weight", "bias", "_extra_state"]
+    assert list(model_plan(layer)) == [""]
+    assert convert_model(nn.Linear(64, 64), "mxfp4", filter_fn=lambda m, name: False).__class__ is nn.Linear
+
+
 def test_nan_input_propagates_to_the_outputs_it_touches():
     layer = AdaHOPLinear(64, 32, recipe="mxfp4")
     x = torch.randn(4, 64)

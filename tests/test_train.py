@@ -87,6 +87,10 @@ def test_dump_toml_is_read_back_by_tomllib():
         ([("training.steps", "0")], "training.steps must be positive"),
         ([("data.seq_len", "4096")], "max_seq_len"),
         ([("training.compile", "true"), ("training.compile_backend", "tvmx")], "compile_backend='tvmx' is not one of"),
+        ([("optim.lr", "inf")], "optim.lr must be a finite number, got inf"),
+        ([("optim.grad_clip", "nan")], "optim.grad_clip must be a finite number, got nan"),
+        ([("optim.betas", "0.9,nan")], "optim.betas must be a finite number"),
+        ([("model.overrides.n_layers", "0")], "model: n_layers must be positive, got 0"),
     ],
 )
 def test_bad_values_name_the_key_and_the_choices(pairs, expected):
@@ -101,6 +105,7 @@ def test_tiny_cpu_config_spells_out_the_defaults():
     default = TrainConfig()
     default.training.device = "cpu"
     assert load_config(CONFIGS / "tiny_cpu.toml").to_dict() == default.to_dict()
+    assert load_config(CONFIGS / "tiny_cpu.toml", [("recipe", "bf16")]).run_dir == Path("runs/tiny-bf16")
 
 
 @pytest.mark.parametrize("preset", ["llama3_1b", "llama3_3b"])

@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
+
+
+_TEMP_NAME = re.compile(r"^\..+\.tmp(\d+)$")  # what atomic_file names its temporary files
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -30,7 +34,7 @@ def atomic_file(path: str | os.PathLike) -> Iterator[BinaryIO]:
     block finishes, and is deleted otherwise."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")  # matches _TEMP_NAME
     try:
         with open(tmp, "wb") as f:
             yield f
@@ -40,3 +44,42 @@ def atomic_file(path: str | os.PathLike) -> Iterator[BinaryIO]:
     finally:
         tmp.unlink(missing_ok=True)
     _fsync_dir(path.parent)
+
+
+def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
+    """Replace ``path`` by ``data`` (text is written as UTF-8) atomically."""
+    with atomic_file(path) as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+
+
+def save_figure(fig: Any, path: str | os.PathLike, **savefig_kwargs: Any) -> None:
+    """``fig.savefig`` (matplotlib) atomically, in the format of ``path``'s suffix."""
+    with atomic_file(path) as f:
+        fig.savefig(f, format=Path(path).suffix.lstrip("."), **savefig_kwargs)
+
+
+def _process_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True  # a write of this process may be under way
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def remove_stale_temp_files(directory: str | os.PathLike) -> list[Path]:
+    """Delete the temporary files that writers killed mid-write (SIGKILL, power loss) left in
+    ``directory``; those of processes still running are kept. Returns the deleted paths."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    stale = [
+        p for p in sorted(directory.iterdir())
+        if (m := _TEMP_NAME.match(p.name)) and p.is_file() and not _process_alive(int(m[1]))
+    ]
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return stale

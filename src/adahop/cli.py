@@ -19,7 +19,7 @@ COMMANDS = {
 def _usage() -> str:
     lines = ["usage: adahop <command> [options]", "", "commands:"]
     lines += [f"  {name:<9} {help_}" for name, (_, help_) in COMMANDS.items()]
-    lines += ["", "Run 'adahop <command> --help' for a command's options."]
+    lines += ["", "Run 'adahop <command> --help' for a command's options, 'adahop --version' for the version."]
     return "\n".join(lines)
 
 
@@ -27,6 +27,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
+        return 0
+    if argv[0] == "--version":
+        from . import __version__
+
+        print(f"adahop {__version__}")
         return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:

@@ -17,8 +17,11 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from ..atomic import write_atomic
 from .heatmaps import plot_layer, plot_overview
 from .outliers import ROLES, LayerReport, analyze_model
+
+ANALYSIS_SEED = 0
 
 
 def _cell(rep: LayerReport, role: str) -> str:
@@ -74,13 +77,22 @@ def load_trained_model(path: str | Path):
     return model, (inputs, targets), checkpoint
 
 
+def report_model(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> list[LayerReport]:
+    """``analyze_model`` on one batch, the same every time: the backward draws stochastic-rounding
+    seeds from torch's generator, seeded here with ``ANALYSIS_SEED`` (the caller's state is kept)."""
+    with torch.random.fork_rng():
+        torch.manual_seed(ANALYSIS_SEED)
+        return analyze_model(model, lambda m: m(inputs, targets)[1])
+
+
 def analyze(path: str | Path, out: str | Path | None = None) -> tuple[list[LayerReport], Path]:
+    """Write the report of a run's latest checkpoint (or of a checkpoint file) to ``out``."""
     model, (inputs, targets), checkpoint = load_trained_model(path)
-    reports = analyze_model(model, lambda m: m(inputs, targets)[1])
+    reports = report_model(model, inputs, targets)
     out = Path(out) if out else checkpoint.parent.parent / "analysis"
     (out / "heatmaps").mkdir(parents=True, exist_ok=True)
-    (out / "report.md").write_text(markdown_report(reports, str(checkpoint)))
-    (out / "report.json").write_text(json.dumps([r.to_dict() for r in reports], indent=2) + "\n")
+    write_atomic(out / "report.md", markdown_report(reports, str(checkpoint)))
+    write_atomic(out / "report.json", json.dumps([r.to_dict() for r in reports], indent=2) + "\n")
     plot_overview(reports, out / "overview.png")
     for rep in reports:
         plot_layer(rep, out / "heatmaps" / f"{rep.name}.png")
@@ -96,8 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     from ..train import CheckpointError, ConfigError
 
     try:
-        with torch.random.fork_rng():
-            reports, out = analyze(args.path, args.out)
+        reports, out = analyze(args.path, args.out)
     except (CheckpointError, ConfigError, FileNotFoundError) as e:
         print(f"adahop analyze: error: {e}", file=sys.stderr)
         return 2

@@ -11,6 +11,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from ..atomic import save_figure, write_atomic
 from .runs import RunRecord, read_run
 
 SMOOTHING = 0.9  # EMA factor for the plotted train curves (raw curves drawn faintly)
@@ -69,7 +70,7 @@ def plot_runs(runs: list[RunRecord], path: Path) -> None:
         pad = 0.5 * (hi - lo) + 1e-3
         ax_train.set_ylim(lo - pad, hi + 4 * pad)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
 
 
@@ -114,8 +115,8 @@ def compare(run_dirs: list[str | Path], out: str | Path) -> list[dict]:
     out.parent.mkdir(parents=True, exist_ok=True)
     rows = comparison_rows(runs)
     plot_runs(runs, out.with_suffix(".png"))
-    out.with_suffix(".md").write_text(markdown_table(rows) + "\n")
-    out.with_suffix(".json").write_text(json.dumps(rows, indent=2) + "\n")
+    write_atomic(out.with_suffix(".md"), markdown_table(rows) + "\n")
+    write_atomic(out.with_suffix(".json"), json.dumps(rows, indent=2) + "\n")
     return rows
 
 

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..atomic import save_figure
+
 if TYPE_CHECKING:
     from .outliers import LayerReport
 
@@ -56,7 +58,7 @@ def plot_layer(report: LayerReport, path: Path) -> None:
         title += "   " + "  ".join(f"{g}: {s}" for g, s in report.strategies.items())
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    save_figure(fig, path, dpi=100)
     plt.close(fig)
 
 
@@ -85,5 +87,5 @@ def plot_overview(reports: list[LayerReport], path: Path) -> None:
               ncol=3, fontsize=8, frameon=False)
     ax.set_title("outlier pattern per layer (number: max(row, col) score)", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)

@@ -13,6 +13,7 @@ order, and shuffled dumps such as C4 or FineWeb are too.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -21,11 +22,13 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from ..atomic import atomic_file
+from ..atomic import atomic_file, remove_stale_temp_files, write_atomic
 from .cache import cache_dir, content_key
 from .corpus import stdlib_source
 from .sources import TextSource, parse_data_spec
 from .tokenizer import DEFAULT_VOCAB_SIZE, Tokenizer, load_tokenizer
+
+log = logging.getLogger(__name__)
 
 EMBEDDED_SOURCE = "stdlib"  # the --data value (and default) for the embedded corpus
 DEFAULT_VAL_FRACTION = 0.02
@@ -98,12 +101,31 @@ def load_tokens(
     key = content_key("tokens", CACHE_FORMAT, source.fingerprint(), tokenizer.fingerprint())
     directory = cache_dir(cache) / "tokens"
     bin_path, index_path = directory / f"{key}.bin", directory / f"{key}.json"
-    if not index_path.exists():  # the index is written last: it marks a complete entry
+    index = _cached_index(bin_path, index_path)
+    if index is None:  # the index is written last: it marks a complete entry
+        remove_stale_temp_files(directory)
         index = _write_tokens(source, tokenizer, bin_path, progress)
-        with atomic_file(index_path) as f:
-            f.write(json.dumps(index, indent=1).encode())
-    index = json.loads(index_path.read_text())
+        write_atomic(index_path, json.dumps(index, indent=1))
     return np.memmap(bin_path, dtype=index["dtype"], mode="r", shape=(index["num_tokens"],))
+
+
+def _cached_index(bin_path: Path, index_path: Path) -> dict | None:
+    """The index of a complete, intact cache entry; None when there is none (a damaged entry,
+    edited or cut short outside adahop, is reported and rebuilt)."""
+    if not index_path.exists():
+        return None
+    try:
+        index = json.loads(index_path.read_text())
+        expected = index["num_tokens"] * np.dtype(index["dtype"]).itemsize
+        found = bin_path.stat().st_size
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        problem = f"unreadable ({type(e).__name__}: {e})"
+    else:
+        if found == expected:
+            return index
+        problem = f"{bin_path.name} has {found} bytes, its index says {expected}"
+    log.warning("warning: token cache entry %s is damaged (%s); rebuilding it", index_path.with_suffix(""), problem)
+    return None
 
 
 def split_point(tokens: np.ndarray, eos_id: int, val_fraction: float) -> int:

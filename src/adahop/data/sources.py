@@ -9,6 +9,10 @@ its content may have, which keys the tokenizer and token caches. ``parse_data_sp
 - a directory (every supported file below it) or a glob (``data/*.jsonl``), in sorted order;
 - ``hf:NAME[:CONFIG]``: the ``train`` split of a Hugging Face dataset, streamed (nothing is
   downloaded beyond what is read) and capped at ``max_bytes`` of text.
+
+Text must be UTF-8: a file that is not (Latin-1, binary) is an error naming the file and the
+line, never silently decoded with replacement characters, and so is a NUL byte (a binary file
+that happens to decode). A ``text`` field or column must hold strings; null is an empty document.
 """
 
 from __future__ import annotations
@@ -60,13 +64,39 @@ def take_bytes(documents: Iterable[str], max_bytes: int) -> Iterator[str]:
         n_bytes += len(doc.encode())
 
 
+def decode_text(data: bytes, where: Path | str, first_line: int = 1) -> str:
+    """``data`` as UTF-8 text, or a DataSourceError naming ``where`` and the line at fault."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = first_line + data.count(b"\n", 0, e.start)
+        raise DataSourceError(
+            f"{where}:{line}: not UTF-8 text (byte 0x{data[e.start]:02x}); convert the file to UTF-8 "
+            "(e.g. iconv -f latin1 -t utf-8) or leave it out of --data"
+        ) from None
+    if "\x00" in text:
+        line = first_line + text.count("\n", 0, text.index("\x00"))
+        raise DataSourceError(f"{where}:{line}: a NUL byte: this looks like a binary file, not text; leave it out of --data")
+    return text
+
+
+def as_document(value: object, where: str) -> str:
+    """A ``text`` value as a document: a string, or null for an empty one."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise DataSourceError(f"{where}: {TEXT_FIELD!r} holds a {type(value).__name__} ({value!r:.40}), not a string")
+    return value
+
+
 def _read_text(path: Path) -> Iterator[str]:
-    yield path.read_text(encoding="utf-8", errors="replace")
+    yield decode_text(path.read_bytes(), path)
 
 
 def _read_jsonl(path: Path) -> Iterator[str]:
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            line = decode_text(raw, path, lineno)
             if not line.strip():
                 continue
             try:
@@ -76,7 +106,7 @@ def _read_jsonl(path: Path) -> Iterator[str]:
             if not isinstance(row, dict) or TEXT_FIELD not in row:
                 fields = sorted(row) if isinstance(row, dict) else type(row).__name__
                 raise DataSourceError(f"{path}:{lineno}: no {TEXT_FIELD!r} field (found {fields})")
-            yield row[TEXT_FIELD]
+            yield as_document(row[TEXT_FIELD], f"{path}:{lineno}")
 
 
 def _read_parquet(path: Path) -> Iterator[str]:
@@ -86,8 +116,11 @@ def _read_parquet(path: Path) -> Iterator[str]:
     columns = parquet.schema_arrow.names
     if TEXT_FIELD not in columns:
         raise DataSourceError(f"{path}: no {TEXT_FIELD!r} column (columns: {', '.join(columns)})")
+    row = 0
     for batch in parquet.iter_batches(columns=[TEXT_FIELD]):
-        yield from batch.column(0).to_pylist()
+        for value in batch.column(0).to_pylist():
+            yield as_document(value, f"{path}: row {row}")
+            row += 1
 
 
 READERS: dict[str, Callable[[Path], Iterator[str]]] = {
@@ -157,19 +190,28 @@ class HFSource(TextSource):
             raise DataSourceError(
                 f"--data {self.name} needs Hugging Face datasets: pip install datasets"
             ) from None
-        rows = datasets.load_dataset(
-            self.path, self.config, split=self.split, data_files=self.data_files, streaming=True
-        )
-        yield from take_bytes(self._texts(rows), self.max_bytes)
+        try:
+            rows = datasets.load_dataset(
+                self.path, self.config, split=self.split, data_files=self.data_files, streaming=True
+            )
+            yield from take_bytes(self._texts(rows), self.max_bytes)
+        except DataSourceError:
+            raise
+        except Exception as e:  # no network, unknown name, gated dataset: whatever the hub says
+            reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise DataSourceError(
+                f"--data {self.name}: cannot stream it from Hugging Face ({reason}); "
+                "check the name and the network, or pass local files"
+            ) from None
 
     def _texts(self, rows: Iterable[dict]) -> Iterator[str]:
-        for row in rows:
+        for index, row in enumerate(rows):
             if TEXT_FIELD not in row:
                 raise DataSourceError(
                     f"{self.name}: no {TEXT_FIELD!r} column (columns: {', '.join(row)})"
                 )
-            if row[TEXT_FIELD]:
-                yield row[TEXT_FIELD]
+            if doc := as_document(row[TEXT_FIELD], f"{self.name}: row {index}"):
+                yield doc
 
     def size_hint(self) -> int | None:
         return self.max_bytes

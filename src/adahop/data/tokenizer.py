@@ -7,15 +7,18 @@ few seconds; for a source smaller than that, the tokenizer has also seen the val
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterable
 
 import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from ..atomic import atomic_file
+from ..atomic import atomic_file, remove_stale_temp_files
 from .cache import cache_dir, content_key
 from .sources import TextSource, take_bytes
+
+log = logging.getLogger(__name__)
 
 EOS_TOKEN = "<|endoftext|>"
 DEFAULT_VOCAB_SIZE = 8192
@@ -83,7 +86,11 @@ def load_tokenizer(
     key = content_key("bpe", source.fingerprint(), vocab_size, TOKENIZER_TRAIN_BYTES)
     path = cache_dir(cache) / "tokenizers" / f"{key}.json"
     if path.exists():
-        return Tokenizer.from_file(path)
+        try:
+            return Tokenizer.from_file(path)
+        except Exception as e:  # the tokenizers library raises a bare Exception for a bad file
+            log.warning("warning: cached tokenizer %s is damaged (%s); training it again", path, e)
+    remove_stale_temp_files(path.parent)
     tokenizer = train_tokenizer(
         take_bytes(source.documents(), TOKENIZER_TRAIN_BYTES), vocab_size, show_progress
     )

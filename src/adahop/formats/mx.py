@@ -90,7 +90,7 @@ class MXTensor:
 
 
 def check_quantize_args(
-    x: torch.Tensor, fmt: str, block_size: int, scale_rule: str, rounding: str
+    x: torch.Tensor, fmt: str, block_size: int, scale_rule: str, rounding: str, axis: int = -1
 ) -> None:
     """Raise a clear error for arguments the MX formats do not define."""
     if not isinstance(x, torch.Tensor):
@@ -99,6 +99,8 @@ def check_quantize_args(
         raise TypeError(f"quantize_mx supports {_INPUT_DTYPES} inputs, got {x.dtype}")
     if x.dim() == 0:
         raise ValueError("quantize_mx needs at least one dimension")
+    if not -x.dim() <= axis < x.dim():
+        raise IndexError(f"quantize_mx: axis {axis} is out of range for a {x.dim()}-D tensor (expected -{x.dim()} to {x.dim() - 1})")
     if fmt not in ELEMENT_FORMATS:
         raise ValueError(f"unknown MX format {fmt!r}; choose one of {tuple(ELEMENT_FORMATS)}")
     if scale_rule not in SCALE_RULES:
@@ -137,7 +139,7 @@ def quantize_mx(
         rounding: ``"nearest"`` (ties to even) or ``"stochastic"`` (unbiased where the scale
             rule does not clip; deterministic for a given ``seed``, default 0).
     """
-    check_quantize_args(x, fmt, block_size, scale_rule, rounding)
+    check_quantize_args(x, fmt, block_size, scale_rule, rounding, axis)
     axis = axis % x.dim()
     efmt = ELEMENT_FORMATS[fmt]
     blocks = to_blocks(x, axis, block_size)

@@ -36,6 +36,13 @@ class ModelArgs:
     tie_embeddings: bool = False
 
     def __post_init__(self) -> None:
+        for name in ("dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "multiple_of", "max_seq_len"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.ffn_hidden is not None and self.ffn_hidden <= 0:
+            raise ValueError(f"ffn_hidden must be positive (or None), got {self.ffn_hidden}")
+        if not (math.isfinite(self.norm_eps) and self.norm_eps > 0 and math.isfinite(self.rope_theta) and self.rope_theta > 0):
+            raise ValueError(f"norm_eps and rope_theta must be finite and positive, got {self.norm_eps}, {self.rope_theta}")
         if self.dim % self.n_heads:
             raise ValueError(f"dim ({self.dim}) must be divisible by n_heads ({self.n_heads})")
         if self.n_heads % self.n_kv_heads:

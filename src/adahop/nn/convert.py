@@ -36,9 +36,12 @@ def convert_model(
             Modules matching ``recipe.exclude`` (the LM head by default) always stay.
         plan: a frozen plan (``ModelPlan`` or its JSON path) to skip calibration.
 
-    Returns the same model object, converted in place.
+    Returns the same model object, converted in place; a bare ``nn.Linear`` cannot be replaced in
+    place, so for one the new ``AdaHOPLinear`` (sharing its parameters) is returned.
     """
     recipe = get_recipe(recipe)
+    if type(model) is nn.Linear:
+        return _convert_root(model, recipe, filter_fn, plan)
     targets = [
         (name, module)
         for name, module in model.named_modules()
@@ -53,6 +56,18 @@ def convert_model(
     if plan is not None:
         load_plan(model, plan)
     return model
+
+
+def _convert_root(
+    linear: nn.Linear, recipe: Recipe, filter_fn: ModuleFilter | None, plan: ModelPlan | str | Path | None
+) -> nn.Module:
+    """``convert_model`` of a model that is itself an ``nn.Linear`` (its name is ``""``)."""
+    if filter_fn is not None and not filter_fn(linear, ""):
+        return linear
+    layer = AdaHOPLinear.from_linear(linear, recipe)
+    if plan is not None:
+        load_plan(layer, plan)
+    return layer
 
 
 def adahop_layers(model: nn.Module) -> dict[str, AdaHOPLinear]:

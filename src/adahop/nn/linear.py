@@ -199,6 +199,13 @@ class AdaHOPLinear(nn.Linear):
             raise ValueError(f"AdaHOPLinear needs a 2-D weight, got shape {tuple(self.weight.shape)}")
         if not x.is_floating_point():
             raise TypeError(f"AdaHOPLinear expects a floating-point input, got {x.dtype}")
+        quantizes = not (self.plan is not None and self.plan.all_bf16) and not torch.is_autocast_enabled(x.device.type)
+        if quantizes and x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise TypeError(
+                f"AdaHOPLinear(in_features={self.in_features}, out_features={self.out_features}, "
+                f"layer_id={self.layer_id}, recipe={self.recipe.name}) quantizes float32, bfloat16 or "
+                f"float16 input, got {x.dtype}; cast the input and the model (model.float())"
+            )
         if x.dim() == 0 or x.shape[-1] != self.in_features:
             raise ValueError(
                 f"AdaHOPLinear expects input [..., {self.in_features}], got {tuple(x.shape)}"

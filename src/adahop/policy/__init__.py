@@ -10,7 +10,15 @@ from .calibration import (
     PatternVotes,
     attach_pattern_hooks,
 )
-from .patterns import DEFAULT_THRESHOLD, PATTERNS, Pattern, PatternStats, detect_pattern, pattern_stats
+from .patterns import (
+    DEFAULT_THRESHOLD,
+    PATTERNS,
+    NonFiniteTensorError,
+    Pattern,
+    PatternStats,
+    detect_pattern,
+    pattern_stats,
+)
 from .strategies import (
     GEMMS,
     LEVEL1,
@@ -37,6 +45,7 @@ __all__ = [
     "TABLES",
     "LayerPlan",
     "ModelPlan",
+    "NonFiniteTensorError",
     "Pattern",
     "PatternRecorder",
     "PatternStats",

@@ -45,6 +45,10 @@ MIN_LINE_LENGTH = 32
 _NO_SCORE = 1.0
 
 
+class NonFiniteTensorError(ValueError):
+    """``pattern_stats`` was given a tensor holding NaN or Inf."""
+
+
 @dataclass
 class PatternStats:
     """The numbers behind one pattern decision."""
@@ -112,7 +116,7 @@ def pattern_stats(t: torch.Tensor, threshold: float = DEFAULT_THRESHOLD) -> Patt
     summary = torch.stack([v.double() for v in (row_score, col_score, top_row, top_col, finite)])
     row_score, col_score, top_row, top_col, finite = summary.tolist()  # one host sync
     if not finite:
-        raise ValueError(f"pattern_stats: tensor of shape {(n_rows, n_cols)} holds NaN or Inf")
+        raise NonFiniteTensorError(f"pattern_stats: tensor of shape {(n_rows, n_cols)} holds NaN or Inf")
 
     if n_cols < MIN_LINE_LENGTH:
         row_score = _NO_SCORE

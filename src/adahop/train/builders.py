@@ -19,7 +19,7 @@ from ..data import BatchLoader, Tokenizer, prepare_data, validation_batches
 from ..data.loader import num_windows
 from ..models import Transformer, build_model
 from ..nn import convert_model
-from .config import TrainConfig
+from .config import ConfigError, TrainConfig
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -29,7 +29,7 @@ def resolve_device(device: str) -> torch.device:
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("training.device is 'cuda' but no CUDA device is available; use 'auto' or 'cpu'")
+        raise ConfigError("training.device is 'cuda' but no CUDA device is available; use 'auto' or 'cpu'")
     return torch.device(device)
 
 

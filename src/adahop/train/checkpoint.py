@@ -19,8 +19,10 @@ containers and tensors are stored, so loading uses ``weights_only=True``.
 
 from __future__ import annotations
 
+import pickle
 import random
 import re
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +35,19 @@ from ..atomic import atomic_file
 CHECKPOINT_FORMAT = 1
 CHECKPOINT_DIR = "checkpoints"
 _NAME = re.compile(r"^step_(\d+)\.pt$")
+_ZIP_MAGIC = b"PK\x03\x04"  # torch.save writes a zip archive
 REQUIRED_KEYS = ("format", "step", "model", "optimizer", "scheduler", "data", "rng", "config")
-MATCHING_SECTIONS = ("model", "recipe")  # a resumed run must not change these
+MATCHING_SECTIONS = ("model", "recipe", "data")  # a resumed run must not change these,
+MATCHING_KEYS = (("training", "seed"), ("training", "grad_accum"))  # nor these (the data order and
+# the tokens per step); any other config change is applied
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint that is missing, unreadable or does not belong to this run."""
+
+
+class UnreadableCheckpointError(CheckpointError):
+    """A checkpoint file that ``torch.load`` cannot read: truncated, corrupt or not a checkpoint."""
 
 
 def checkpoint_path(run_dir: str | Path, step: int) -> Path:
@@ -131,12 +140,30 @@ def resolve_checkpoint(path_or_run_dir: str | Path) -> Path:
     return path
 
 
+def _unreadable_reason(path: Path, error: Exception) -> str:
+    """Why ``torch.load`` failed, in a few words (torch's own text suggests weights_only=False)."""
+    with open(path, "rb") as f:
+        head = f.read(len(_ZIP_MAGIC))
+    if not head:
+        return "empty file"
+    if head != _ZIP_MAGIC:
+        return "not a torch.save archive"
+    if not zipfile.is_zipfile(path):
+        return "truncated archive"
+    if isinstance(error, pickle.UnpicklingError):
+        return "holds objects other than tensors and plain containers"
+    return str(error).split(". ")[0] or type(error).__name__
+
+
 def read_checkpoint(path: Path) -> dict[str, Any]:
     """The raw checkpoint dict, or a CheckpointError saying which file is wrong and how."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read: {e.strerror}") from None
     except Exception as e:  # truncated zip, garbage bytes, foreign pickle: all unreadable
-        raise CheckpointError(f"{path}: not a readable checkpoint, corrupt or truncated ({e})") from None
+        reason = _unreadable_reason(path, e)
+        raise UnreadableCheckpointError(f"{path}: not a readable checkpoint, corrupt or truncated ({reason})") from None
     if not isinstance(state, dict):
         raise CheckpointError(f"{path}: not an adahop checkpoint (holds a {type(state).__name__})")
     missing = [k for k in REQUIRED_KEYS if k not in state]
@@ -150,7 +177,7 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
 
 
 def check_matches(path: Path, saved: dict[str, Any], current: dict[str, Any]) -> None:
-    """Raise if the checkpoint's model or recipe differs from the current config's."""
+    """Raise if the checkpoint's model, recipe, data or seed differs from the current config's."""
     for section in MATCHING_SECTIONS:
         if saved[section] != current[section]:
             diff = sorted(
@@ -161,6 +188,22 @@ def check_matches(path: Path, saved: dict[str, Any], current: dict[str, Any]) ->
                 f"{k}: checkpoint {saved[section].get(k)!r} vs config {current[section].get(k)!r}" for k in diff
             )
             raise CheckpointError(f"{path}: written for a different {section} ({details})")
+    for section, key in MATCHING_KEYS:
+        if saved[section][key] != current[section][key]:
+            raise CheckpointError(
+                f"{path}: written with {section}.{key}={saved[section][key]!r}, "
+                f"which a resumed run cannot change (config: {current[section][key]!r})"
+            )
+
+
+def config_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """``"key old -> new"`` for each config value that differs from the checkpoint's (``out``
+    aside: a run directory may move)."""
+    return [
+        f"{section}.{key} {saved[section].get(key)!r} -> {value!r}"
+        for section, fields in current.items() if isinstance(fields, dict)
+        for key, value in fields.items() if saved.get(section, {}).get(key) != value
+    ]
 
 
 def load_checkpoint(
@@ -184,6 +227,20 @@ def load_checkpoint(
     state = read_checkpoint(path)
     if config is not None:
         check_matches(path, state["config"], config)
+    restore_state(path, state, model, optimizer, scheduler, loader)
+    state["path"] = path
+    return state
+
+
+def restore_state(
+    path: Path,
+    state: dict[str, Any],
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: Any | None = None,
+    loader: Any | None = None,
+) -> None:
+    """Load a read checkpoint into ``model`` and whichever of the others are given."""
     targets = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "data": loader}
     for key, target in targets.items():
         if target is None:
@@ -192,5 +249,3 @@ def load_checkpoint(
             target.load_state_dict(state[key])
         except (KeyError, RuntimeError, ValueError) as e:
             raise CheckpointError(f"{path}: its {key} state does not fit this run: {e}") from None
-    state["path"] = path
-    return state

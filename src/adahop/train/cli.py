@@ -6,7 +6,9 @@
 The short flags are spellings of config keys (``--steps`` is ``--training.steps``); any other
 key is set with ``--section.field=value``. ``--resume`` without ``--config`` starts from the
 run directory's saved ``config.toml``. Mistakes in arguments exit with status 2 and a message
-listing the valid choices; a failed run (non-finite loss, unusable checkpoint) with status 1.
+listing the valid choices; a failed run (non-finite loss, unusable checkpoint, a write that
+failed) with status 1 and one line saying where it stopped; Ctrl-C with status 130 and the same
+line.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from ..models import MODEL_PRESETS
 from ..recipes import RECIPES
-from .checkpoint import CHECKPOINT_DIR, CheckpointError
+from .checkpoint import CHECKPOINT_DIR, CheckpointError, latest_checkpoint
 from .config import ConfigError, TrainConfig, apply_overrides, flatten, load_config
 from .metrics import METRICS_FILE, PLOT_FILE, TENSORBOARD_DIR
 from .trainer import CONFIG_FILE, PLAN_FILE, NonFiniteLossError, Trainer
@@ -84,12 +86,15 @@ def resolve_config(args: argparse.Namespace, overrides: list[tuple[str, Any]]) -
     return load_config(path, overrides)
 
 
+_HANDLER = logging.StreamHandler()
+_HANDLER.setFormatter(logging.Formatter("%(asctime)s %(message)s", datefmt="%H:%M:%S"))
+
+
 def _setup_logging() -> logging.Logger:
     logger = logging.getLogger("adahop")
     if not logger.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", datefmt="%H:%M:%S"))
-        logger.addHandler(handler)
+        logger.addHandler(_HANDLER)
+    _HANDLER.stream = sys.stderr  # the current one: main() may run more than once in a process
     logger.setLevel(logging.INFO)
     return logger
 
@@ -102,24 +107,43 @@ def main(argv: list[str] | None = None) -> int:
         cfg = resolve_config(args, overrides)
     except ConfigError as e:
         parser.error(str(e))
+    trainer = None
     with logging_redirect_tqdm(loggers=[_setup_logging()]):  # log lines print above the bar
         try:
             trainer = Trainer(cfg, resume=args.resume, progress=sys.stderr.isatty())
-        except ValueError as e:  # a config, run directory or data source that cannot be used
-            parser.error(str(e))
-        except CheckpointError as e:
-            print(f"adahop train: error: {e}", file=sys.stderr)
-            return 1
-        try:
             result = trainer.train()
-        except NonFiniteLossError as e:
-            print(f"adahop train: error: {e}", file=sys.stderr)
-            return 1
-    run = result.run_dir
-    print(
-        f"\nTrained {result.step} steps: train loss {result.train_loss:.4f}, "
-        f"validation loss {result.val_loss:.4f}\n"
-        f"Results in {run}/: {CONFIG_FILE}, {METRICS_FILE}, {PLAN_FILE}, {PLOT_FILE}, "
-        f"{CHECKPOINT_DIR}/, {TENSORBOARD_DIR}/ (tensorboard --logdir {run / TENSORBOARD_DIR})"
-    )
+        except ValueError as e:  # a config, run directory or data source that cannot be used
+            if trainer is not None:
+                raise
+            parser.error(str(e))
+        except (CheckpointError, NonFiniteLossError) as e:
+            return _fail(str(e))
+        except OSError as e:  # disk full, directory removed, file made read-only
+            return _fail(f"cannot write {e.filename or cfg.run_dir}: {e.strerror or e}; {_where(trainer, cfg)}")
+        except KeyboardInterrupt:
+            return _fail(f"interrupted; {_where(trainer, cfg)}", status=130)
+    print(f"\nTrained {result.step} steps: train loss {result.train_loss:.4f}, validation loss {result.val_loss:.4f}")
+    print(f"Results in {result.run_dir}/: {', '.join(_artefacts(result.run_dir))}")
     return 0
+
+
+def _fail(message: str, status: int = 1) -> int:
+    print(f"adahop train: error: {message}", file=sys.stderr)
+    return status
+
+
+def _where(trainer: Trainer | None, cfg: TrainConfig) -> str:
+    """Where a stopped run stands and how to continue it, for the one-line error."""
+    at = "before training started" if trainer is None else f"at step {trainer.step} of {cfg.training.steps}"
+    latest = latest_checkpoint(cfg.run_dir)
+    if latest is None:
+        return f"stopped {at}, with no checkpoint to resume from; delete {cfg.run_dir} and rerun to start over"
+    return f"stopped {at}; last checkpoint {latest}; continue with: adahop train --out {cfg.run_dir} --resume"
+
+
+def _artefacts(run: Path) -> list[str]:
+    """The files and directories a finished run left (plan.json only where a plan froze)."""
+    names = [CONFIG_FILE, METRICS_FILE, PLAN_FILE, PLOT_FILE]
+    found = [name for name in names if (run / name).exists()]
+    found += [f"{CHECKPOINT_DIR}/", f"{TENSORBOARD_DIR}/ (tensorboard --logdir {run / TENSORBOARD_DIR})"]
+    return found

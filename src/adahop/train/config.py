@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 import tomllib
 import types
@@ -133,6 +134,10 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Check values that the dataclass types cannot express."""
+        for key, value in flatten(self.to_dict()):
+            numbers = value if isinstance(value, (list, tuple)) else [value]
+            if any(isinstance(v, float) and not math.isfinite(v) for v in numbers):
+                raise ConfigError(f"{key} must be a finite number, got {value}")
         try:
             args = self.model_args()  # unknown preset or an inconsistent shape
         except (TypeError, ValueError) as e:

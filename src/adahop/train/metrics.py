@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from ..atomic import save_figure, write_atomic
+
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tb"
 PLOT_FILE = "loss.png"
@@ -34,12 +36,13 @@ def peak_memory_mib(device: torch.device) -> float:
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """The records of a ``metrics.jsonl`` file (or of a run directory's)."""
+    """The records of a ``metrics.jsonl`` file (or of a run directory's). A last line without its
+    newline is a record whose write was cut short (killed process, full disk) and is left out."""
     path = Path(path)
     if path.is_dir():
         path = path / METRICS_FILE
     with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+        return [json.loads(line) for line in f if line.strip() and line.endswith("\n")]
 
 
 class MetricsLogger:
@@ -55,7 +58,7 @@ class MetricsLogger:
         self.path = Path(run_dir) / METRICS_FILE
         resuming = resume_step > 0 and self.path.exists()
         kept = [r for r in read_metrics(self.path) if r["step"] <= resume_step] if resuming else []
-        self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        write_atomic(self.path, "".join(json.dumps(r) + "\n" for r in kept))
         self._file = open(self.path, "a")
         self._tb = SummaryWriter(Path(run_dir) / TENSORBOARD_DIR, purge_step=resume_step + 1 if resume_step else None)
 
@@ -94,4 +97,4 @@ def plot_losses(records: list[dict[str, Any]], path: str | Path, title: str = ""
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)

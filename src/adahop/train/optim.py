@@ -31,8 +31,22 @@ def lr_multiplier(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: 
     return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def build_lr_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int) -> LambdaLR:
+def build_lr_scheduler(
+    optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int, start_step: int = 0
+) -> LambdaLR:
+    """The schedule of ``cfg`` over ``total_steps``, positioned at ``start_step`` (a resumed run):
+    a pure function of the config and the step, so a resumed run follows its current config."""
     schedule = functools.partial(
         lr_multiplier, warmup_steps=cfg.warmup_steps, total_steps=total_steps, min_lr_ratio=cfg.min_lr_ratio
     )
-    return LambdaLR(optimizer, schedule)
+    for group in optimizer.param_groups:
+        group["initial_lr"] = cfg.lr
+    return LambdaLR(optimizer, schedule, last_epoch=start_step - 1)
+
+
+def apply_hyperparameters(optimizer: torch.optim.AdamW, cfg: OptimConfig) -> None:
+    """Set ``cfg``'s betas and weight decay on an optimizer whose state was loaded from a
+    checkpoint (which restores the values it was saved with); the lr comes from the schedule."""
+    matrices, norms = optimizer.param_groups
+    matrices.update(betas=cfg.betas, weight_decay=cfg.weight_decay)
+    norms.update(betas=cfg.betas, weight_decay=0.0)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import random
 import time
 from dataclasses import dataclass
@@ -23,27 +24,37 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from ..atomic import remove_stale_temp_files, write_atomic
 from ..models import num_params
 from ..nn import adahop_layers, model_plan
+from ..policy import NonFiniteTensorError
 from .builders import build_data, build_model_from_config, resolve_device
 from .checkpoint import (
+    CHECKPOINT_DIR,
+    CheckpointError,
+    UnreadableCheckpointError,
+    check_matches,
     checkpoint_path,
+    config_changes,
     latest_checkpoint,
-    load_checkpoint,
+    list_checkpoints,
     prune_checkpoints,
+    read_checkpoint,
+    restore_state,
     save_checkpoint,
     set_rng_state,
     training_state,
 )
 from .config import ConfigError, TrainConfig
 from .graphs import GraphedMicroStep
-from .metrics import PLOT_FILE, MetricsLogger, peak_memory_mib, plot_losses, read_metrics
-from .optim import build_lr_scheduler, build_optimizer
+from .metrics import METRICS_FILE, PLOT_FILE, MetricsLogger, peak_memory_mib, plot_losses, read_metrics
+from .optim import apply_hyperparameters, build_lr_scheduler, build_optimizer
 
 log = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.toml"
 PLAN_FILE = "plan.json"
+CORRUPT_SUFFIX = ".corrupt"  # an unreadable checkpoint is renamed aside, never deleted
 
 
 class NonFiniteLossError(RuntimeError):
@@ -70,35 +81,98 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, *, resume: bool = False, progress: bool = True) -> None:
         cfg.validate()
         self.cfg, self.run_dir, self.progress = cfg, cfg.run_dir, progress
-        latest = latest_checkpoint(self.run_dir)
-        if latest is not None and not resume:  # checked before the slow setup
-            raise ConfigError(
-                f"{self.run_dir} already holds checkpoints (latest: {latest.name}); "
-                "pass --resume to continue that run, or --out DIR to start a new one"
-            )
         self.device = resolve_device(cfg.training.device)
+        checkpoint = self._check_run_dir(resume)  # before the slow setup: every refusal comes first
         seed_everything(cfg.training.seed)
         self.data = build_data(cfg, progress)
         self.model = build_model_from_config(cfg, self.device)
         self.optimizer = build_optimizer(self.model, cfg.optim, self.device)
-        self.scheduler = build_lr_scheduler(self.optimizer, cfg.optim, cfg.training.steps)
         self.layers = list(adahop_layers(self.model).values())
         self.tokens_per_step = cfg.data.batch_size * cfg.data.seq_len * cfg.training.grad_accum
         self.step = 0
         self._plan_saved = self._compiled = False
         self._graphed: GraphedMicroStep | None = None
-        if latest is not None:
-            self._resume_from(latest)
-        elif resume:
-            log.info("no checkpoint in %s: starting from step 0", self.run_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / CONFIG_FILE).write_text(cfg.to_toml())
+        if checkpoint is not None:
+            self._resume_from(*checkpoint)
+        self.scheduler = build_lr_scheduler(self.optimizer, cfg.optim, cfg.training.steps, self.step)
+        for stale in remove_stale_temp_files(self.run_dir / CHECKPOINT_DIR) + remove_stale_temp_files(self.run_dir):
+            log.info("removed %s, left by an interrupted write", stale)
+        write_atomic(self.run_dir / CONFIG_FILE, cfg.to_toml())
 
-    # ---- checkpoints --------------------------------------------------------------------------
-    def _resume_from(self, path: Path) -> None:
-        state = load_checkpoint(
-            path, self.model, self.optimizer, self.scheduler, self.data.train, config=self.cfg.to_dict()
+    # ---- run directory and checkpoints --------------------------------------------------------
+    def _check_run_dir(self, resume: bool) -> tuple[Path, dict] | None:
+        """Check the run directory fits the request and create it; returns the checkpoint to
+        resume from (path, state), or None for a new run."""
+        run_dir = self.run_dir
+        if run_dir.exists() and not run_dir.is_dir():
+            raise ConfigError(f"--out {run_dir} is a file, not a directory; pass --out DIR")
+        checkpoints = list_checkpoints(run_dir)
+        if checkpoints and not resume:
+            raise ConfigError(
+                f"{run_dir} already holds checkpoints (latest: {checkpoints[-1].name}); "
+                "pass --resume to continue that run, or --out DIR to start a new one"
+            )
+        if resume and not checkpoints:
+            raise ConfigError(
+                f"--resume: no checkpoint in {run_dir / CHECKPOINT_DIR}; check --out, or leave out --resume to start a new run"
+            )
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"cannot create the run directory --out {run_dir}: {e.strerror}") from None
+        if not os.access(run_dir, os.W_OK | os.X_OK):
+            raise ConfigError(f"cannot write to the run directory --out {run_dir}; pass a writable --out DIR")
+        if not resume:
+            self._refuse_leftovers()
+            return None
+        path, state = self._newest_readable(checkpoints)
+        self._check_resumable(path, state)
+        return path, state
+
+    def _refuse_leftovers(self) -> None:
+        """A new run must not overwrite the records of an earlier one that left no checkpoint."""
+        metrics, plan = self.run_dir / METRICS_FILE, self.run_dir / PLAN_FILE
+        leftovers = [p.name for p in (metrics, plan) if p.exists() and p.stat().st_size > 0]
+        if leftovers:
+            raise ConfigError(
+                f"{self.run_dir} holds {' and '.join(leftovers)} of an earlier run that wrote no checkpoint; "
+                f"delete {'it' if len(leftovers) == 1 else 'them'} (or the directory) to start over there, or pass --out DIR"
+            )
+
+    def _newest_readable(self, checkpoints: list[Path]) -> tuple[Path, dict]:
+        """The newest checkpoint that reads back; unreadable newer ones are renamed aside."""
+        for path in reversed(checkpoints):
+            try:
+                return path, read_checkpoint(path)
+            except UnreadableCheckpointError as e:
+                aside = path.with_name(path.name + CORRUPT_SUFFIX)
+                path.rename(aside)
+                log.warning("warning: %s; renamed it to %s and trying the one before", e, aside.name)
+        raise CheckpointError(
+            f"no readable checkpoint left in {self.run_dir / CHECKPOINT_DIR}; start a new run with another --out"
         )
+
+    def _check_resumable(self, path: Path, state: dict) -> None:
+        """Refuse config changes a resumed run cannot honour; log the ones it applies."""
+        saved, current, step = state["config"], self.cfg.to_dict(), state["step"]
+        check_matches(path, saved, current)
+        steps = self.cfg.training.steps
+        if steps == step:
+            raise ConfigError(
+                f"{self.run_dir} has finished its {steps} steps ({path.name}); "
+                f"to train on, resume with --steps N for some N > {step}"
+            )
+        if steps < step:
+            raise ConfigError(
+                f"--steps {steps} is before the checkpoint's step {step} ({path}); resume with --steps N for some N > {step}"
+            )
+        changes = config_changes(saved, current)
+        if changes:
+            log.info("resuming with a changed config (applied from step %d): %s", step + 1, ", ".join(changes))
+
+    def _resume_from(self, path: Path, state: dict) -> None:
+        restore_state(path, state, self.model, self.optimizer, None, self.data.train)
+        apply_hyperparameters(self.optimizer, self.cfg.optim)
         set_rng_state(state["rng"])
         self.step = state["step"]
         log.info("resumed from %s at step %d", path, self.step)
@@ -174,16 +248,20 @@ class Trainer:
         max_norm = self.cfg.optim.grad_clip or math.inf  # inf: measure the norm, clip nothing
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm).item()
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-            what = f"loss is {loss}" if not math.isfinite(loss) else f"gradient norm is {grad_norm}"
-            raise NonFiniteLossError(
-                f"{what} at step {self.step + 1} with recipe {self.cfg.recipe.name!r} "
-                f"(lr {self.scheduler.get_last_lr()[0]:.3g}); stopped before applying the update. "
-                f"Last good checkpoint: {latest_checkpoint(self.run_dir) or 'none written yet'}"
-            )
+            raise self._non_finite(f"loss is {loss}" if not math.isfinite(loss) else f"gradient norm is {grad_norm}")
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=self._graphed is None)  # a graph accumulates in place
         return loss, grad_norm
+
+    def _non_finite(self, what: str) -> NonFiniteLossError:
+        latest = latest_checkpoint(self.run_dir)
+        advice = "resume from it with --resume and a lower --optim.lr" if latest else "lower --optim.lr"
+        return NonFiniteLossError(
+            f"{what} at step {self.step + 1} with recipe {self.cfg.recipe.name!r} "
+            f"(lr {self.scheduler.get_last_lr()[0]:.3g}); stopped before applying the update. "
+            f"Last good checkpoint: {latest or 'none written yet'}; {advice}"
+        )
 
     @torch.no_grad()
     def evaluate(self) -> float:
@@ -234,19 +312,25 @@ class Trainer:
         self.model.train()
         loss = val_loss = math.nan
         timed_steps, step_time = 0, 0.0  # since the last log, in train_step only (no eval, no saving)
-        bar = tqdm(total=steps, initial=self.step, desc=cfg.recipe.name, unit="step", disable=not self.progress)
+        bar, phase = self._progress_bar(), self.phase
         try:
-            with MetricsLogger(self.run_dir, self.step) as metrics, bar:
+            with MetricsLogger(self.run_dir, self.step) as metrics:
                 while self.step < steps:
                     lr = self.scheduler.get_last_lr()[0]
                     start = time.perf_counter()
-                    loss, grad_norm = self.train_step()
+                    try:
+                        loss, grad_norm = self.train_step()
+                    except NonFiniteTensorError:  # seen by a calibrating layer before the loss
+                        raise self._non_finite("an operand of a calibrating layer holds NaN or Inf") from None
                     timed_steps, step_time = timed_steps + 1, step_time + time.perf_counter() - start
                     self.step += 1
                     self._maybe_save_plan()
                     tokens_per_s = timed_steps * self.tokens_per_step / step_time
                     bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens_per_s:,.0f}", phase=self.phase, refresh=False)
                     bar.update()
+                    if self.phase != phase:  # frozen steps run at another speed: a new bar, a new ETA
+                        bar.close()
+                        bar, phase = self._progress_bar(), self.phase
                     last = self.step == steps
                     if self.step % every.log_every == 0 or last:
                         self._log_train(metrics, loss, lr, grad_norm, tokens_per_s)
@@ -255,7 +339,23 @@ class Trainer:
                         val_loss = self._validate(metrics)
                     if self.step % cfg.checkpoint.interval == 0 or last:
                         self.save()
-        finally:
-            title = f"{cfg.model.preset} / {cfg.recipe.name}"
-            plot_losses(read_metrics(self.run_dir), self.run_dir / PLOT_FILE, title)
+        except BaseException:
+            bar.close()
+            self._plot(stopping=True)
+            raise
+        bar.close()
+        self._plot()
         return TrainResult(self.run_dir, self.step, loss, val_loss)
+
+    def _progress_bar(self) -> tqdm:
+        steps, name = self.cfg.training.steps, self.cfg.recipe.name
+        return tqdm(total=steps, initial=self.step, desc=name, unit="step", disable=not self.progress)
+
+    def _plot(self, stopping: bool = False) -> None:
+        """Write ``loss.png``; while stopping on another error, a failed write is only a warning."""
+        try:
+            plot_losses(read_metrics(self.run_dir), self.run_dir / PLOT_FILE, f"{self.cfg.model.preset} / {self.cfg.recipe.name}")
+        except OSError as e:
+            if not stopping:
+                raise
+            log.warning("warning: could not write %s: %s", self.run_dir / PLOT_FILE, e.strerror or e)

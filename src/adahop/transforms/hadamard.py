@@ -93,6 +93,10 @@ def hadamard_transform(
     Computed in float32 (float64 for float64 input) by the butterfly above and returned in
     ``x``'s dtype.
     """
+    if not x.is_floating_point():
+        raise TypeError(f"hadamard_transform expects a floating-point tensor, got {x.dtype}")
+    if not -x.dim() <= axis < x.dim():
+        raise IndexError(f"hadamard_transform: axis {axis} is out of range for a {x.dim()}-D tensor")
     axis = axis % x.dim()
     check_hadamard_args(x.shape[axis], block_size, signs)
     work = torch.float64 if x.dtype == torch.float64 else torch.float32
