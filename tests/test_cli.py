@@ -94,7 +94,7 @@ def _step_run(recipe: str, mode: str, tokens_per_s: float, reserved: float) -> d
 
 
 def test_step_bench_compares_each_recipe_with_bf16_in_its_fastest_mode():
-    from adahop.bench.step import best_runs, step_markdown
+    from adahop.bench.step import best_runs, markdown
 
     runs = {f"{r}/{m}": _step_run(r, m, t, g) for r, m, t, g in (
         ("bf16", "eager", 50e3, 40), ("bf16", "compile", 60e3, 38),
@@ -107,7 +107,7 @@ def test_step_bench_compares_each_recipe_with_bf16_in_its_fastest_mode():
     for r in runs.values():
         if "error" not in r:
             r["speedup_vs_bf16_best"] = r["tokens_per_s"] / best["bf16"]["tokens_per_s"]
-    text = "\n".join(step_markdown({"vocab_size": 32768, "cases": {"llama3_1b_4x2048": case}}))
+    text = "\n".join(markdown({"vocab_size": 32768, "cases": {"llama3_1b_4x2048": case}}))
     assert "| adahop_lv2/compile+graph | 72,000 | 1.20x | - |" in text
     assert "| float8_tensorwise/compile | failed: torchao is not installed |" in text
 

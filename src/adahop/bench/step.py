@@ -279,8 +279,8 @@ def select_cases(keys: list[str], runs: list[str] | None = None) -> tuple[Case, 
     return tuple(Case(c.preset, c.batch, kept(c)) for c in cases)
 
 
-def step_markdown(step: dict) -> list[str]:
-    """The step section of the bench summary: one table per case."""
+def markdown(step: dict) -> list[str]:
+    """This section of the bench summary: one table per case."""
     lines: list[str] = []
     for key, case in step["cases"].items():
         lines += ["", f"Training steps of `{case['preset']}`, micro-batch {case['batch']} x {case['seq_len']} "
