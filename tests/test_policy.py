@@ -138,3 +138,15 @@ def test_layer_plan_dict_round_trip_and_validation():
     with pytest.raises(ValueError, match="unknown pattern"):
         LayerPlan("iht", "iht", "iht", patterns={"x": "row", "w": "up", "g": "none"})
 
+
+
+def test_every_table_default_is_the_recipes():
+    """Leaving the table out gives the level-2 table everywhere, as a default Recipe does."""
+    import inspect
+
+    from adahop.policy.calibration import ModelPlan, PatternVotes
+    from adahop.recipes import Recipe
+
+    defaults = {inspect.signature(f).parameters["table"].default
+                for f in (plan_for_patterns, PatternVotes.plan, ModelPlan.from_votes)}
+    assert defaults == {Recipe().table} == {"lv2"}

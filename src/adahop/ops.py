@@ -35,10 +35,6 @@ def reference_only() -> Iterator[None]:
         _kernels_enabled = previous
 
 
-def kernels_enabled() -> bool:
-    return _kernels_enabled
-
-
 def _eager_cuda(t: torch.Tensor) -> bool:
     """Call the CUDA implementation directly: in eager mode the custom-op dispatch adds tens of
     microseconds per call (measured), and a training step makes hundreds of these calls. Under
