@@ -17,8 +17,9 @@ from collections.abc import Iterator
 
 import torch
 
-from .formats import ELEMENT_FORMATS, MXTensor, quantize_mx
+from .formats import MXTensor, quantize_mx
 from .formats.folded import FoldedFP8
+from .formats.mx import storage_shapes
 from .transforms import hadamard_transform
 
 _kernels_enabled = True
@@ -40,10 +41,6 @@ def _eager_cuda(t: torch.Tensor) -> bool:
     microseconds per call (measured), and a training step makes hundreds of these calls. Under
     ``torch.compile`` the ops stay graph nodes with their fake implementations."""
     return t.is_cuda and not torch.compiler.is_compiling()
-
-
-def _padded(length: int, block: int) -> int:
-    return -(-length // block) * block
 
 
 # ---- quantize -----------------------------------------------------------------------------
@@ -89,11 +86,8 @@ def _quantize_mx_cuda(x, fmt, axis, block_size, scale_rule, rounding, seed, hada
 @quantize_mx_op.register_fake
 def _(x, fmt, axis, block_size, scale_rule, rounding, seed, hadamard_block_size, signs):
     outer, length = (x.shape[0], x.shape[1]) if axis % 2 == 1 else (x.shape[1], x.shape[0])
-    padded = _padded(length, block_size)
-    bits = ELEMENT_FORMATS[fmt].bits
-    data = x.new_empty((outer, padded * bits // 8), dtype=torch.uint8)
-    scales = x.new_empty((outer, padded // block_size), dtype=torch.uint8)
-    return data, scales
+    data_shape, scales_shape = storage_shapes(outer, length, fmt, block_size)
+    return x.new_empty(data_shape, dtype=torch.uint8), x.new_empty(scales_shape, dtype=torch.uint8)
 
 
 def quantize_2d(

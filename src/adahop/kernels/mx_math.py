@@ -10,12 +10,14 @@ an FMA is exact). The one exception, ``round_to_bf16``, uses the hardware cast w
 import triton
 import triton.language as tl
 
+from ..formats import scales
+
 F32_MBITS = tl.constexpr(23)
 F32_BIAS = tl.constexpr(127)
 F32_ABS_MASK = tl.constexpr(0x7FFFFFFF)
 F32_MANTISSA_MASK = tl.constexpr(0x7FFFFF)
 F32_INF_BITS = tl.constexpr(0x7F800000)
-E8M0_NAN = tl.constexpr(255)
+E8M0_NAN = tl.constexpr(scales.E8M0_NAN)
 # Adding 1.5 * 2**23 (bits 0x4B400000) rounds a float32 in [0, 2**22) to an integer, ties to even.
 RNE_MAGIC_BITS = tl.constexpr(0x4B400000)
 RNE_MAGIC = tl.constexpr(12582912.0)  # the same constant as a float: 1.5 * 2**23

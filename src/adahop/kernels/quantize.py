@@ -39,7 +39,7 @@ import triton
 import triton.language as tl
 
 from ..formats.elements import ElementFormat, encode_e2m1, encode_fp8
-from ..formats.mx import ELEMENT_FORMATS, MXTensor, check_quantize_args
+from ..formats.mx import ELEMENT_FORMATS, MXTensor, check_quantize_args, storage_shapes
 from ..transforms.hadamard import check_hadamard_args
 from .mx_math import (
     E8M0_NAN,
@@ -461,11 +461,6 @@ def _seed_on(device: torch.device, seed: int | torch.Tensor | None) -> torch.Ten
     return torch.tensor(seed, dtype=torch.int64, device=device)
 
 
-def _storage_shapes(outer: int, length: int, efmt: ElementFormat, block_size: int):
-    padded = -(-length // block_size) * block_size
-    return (outer, padded * efmt.bits // 8), (outer, padded // block_size)
-
-
 @functools.lru_cache(maxsize=4096)
 def _launch_plan(
     M: int, N: int, dtype: torch.dtype, strides: tuple[int, int], on_cuda: bool, fmt: str,
@@ -524,8 +519,8 @@ def _launch_plan(
         )
     return _LaunchPlan(
         kernel, grid,
-        _storage_shapes(M, N, efmt, block_size) if rowwise else None,
-        _storage_shapes(N, M, efmt, block_size) if colwise else None,
+        storage_shapes(M, N, fmt, block_size) if rowwise else None,
+        storage_shapes(N, M, fmt, block_size) if colwise else None,
         per_unit * efmt.bits == 32, sizes, hadamard_scale, constexprs,
     )
 
