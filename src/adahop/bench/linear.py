@@ -109,7 +109,7 @@ def run(tokens: int = TOKENS, plans: dict[str, dict[str, LayerPlan]] | None = No
         grad = torch.randn(tokens, fan_out, device="cuda", dtype=torch.bfloat16)
         all_plans = {**FIXED_PLANS, **{f"{t}_calibrated": mix[kind] for t, mix in mixes.items()}}
 
-        def build(name: str) -> nn.Module:
+        def build(name: str, ref: nn.Module) -> nn.Module:
             if name == "bf16":
                 return ref
             layer = AdaHOPLinear.from_linear(copy.deepcopy(ref), "adahop_lv2")
@@ -120,7 +120,7 @@ def run(tokens: int = TOKENS, plans: dict[str, dict[str, LayerPlan]] | None = No
         saved: dict[str, int] = {}
         for _ in range(rounds):
             for name in times:
-                module = build(name)
+                module = build(name, ref)
                 times[name].append(fwd_bwd_ms(module, x, grad))
                 if name not in saved:
                     saved[name] = saved_activation_bytes(module, x)
