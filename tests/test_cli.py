@@ -113,13 +113,14 @@ def test_step_bench_compares_each_recipe_with_bf16_in_its_fastest_mode():
 
 
 def test_step_bench_selects_cases_and_runs_by_name():
-    from adahop.bench.step import select_cases
+    from adahop.bench.step import CASES, select_cases
 
-    (case,) = select_cases(["llama3_3b_4x2048"], ["adahop_lv2/compile+graph", "bf16/compile"])
-    assert case.preset == "llama3_3b" and case.runs == (("adahop_lv2", "compile+graph"), ("bf16", "compile"))
-    one, three = select_cases(["llama3_1b_4x2048", "llama3_3b_4x2048"], ["bf16/compile", "llama3_3b_4x2048:adahop_lv2/compile+graph"])
-    assert one.runs == (("bf16", "compile"),) and three.runs == (("bf16", "compile"), ("adahop_lv2", "compile+graph"))
-    with pytest.raises(ValueError, match="unknown step runs"):
+    assert select_cases([]) == CASES
+    (case,) = select_cases(["llama3_3b_4x2048"], ["adahop_lv2/compile+graph", "bf16/graph"])
+    assert case.preset == "llama3_3b" and case.runs == (("adahop_lv2", "compile+graph"), ("bf16", "graph"))
+    one, three = select_cases(["llama3_1b_4x2048", "llama3_3b_4x2048"], ["bf16/compile", "llama3_3b_4x2048:adahop_lv2/eager"])
+    assert one.runs == (("bf16", "compile"),) and three.runs == (("bf16", "compile"), ("adahop_lv2", "eager"))
+    with pytest.raises(ValueError, match="unknown step run 'bf16/turbo'"):
         select_cases(["llama3_1b_4x2048"], ["bf16/turbo"])
     with pytest.raises(ValueError, match="choose from"):
         select_cases(["llama3_70b_4x2048"])

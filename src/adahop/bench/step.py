@@ -49,19 +49,19 @@ class Case:
         return f"{self.preset}_{self.batch}x{SEQ_LEN}"
 
 
-# Most telling first: a run cut short by a time limit still has the headline pair.
-_FULL = (
-    ("bf16", "compile"), ("adahop_lv2", "compile+graph"), ("bf16", "compile+graph"), ("float8_tensorwise", "compile"),
-    ("adahop_lv2", "graph"), ("adahop_lv2", "eager"), ("bf16", "eager"), ("bf16", "graph"),
-    ("mxfp4_hadamard", "compile+graph"), ("float8_tensorwise", "compile+graph"), ("float8_rowwise", "compile"),
-)
-_BEST = (("bf16", "compile"), ("bf16", "compile+graph"), ("adahop_lv2", "compile+graph"),
-         ("float8_tensorwise", "compile"))
+# The default runs, most telling first (a run cut short by a time limit still has the headline
+# pair). A run takes 30-50 s (process start, model, compilation, ~20 steps): these 14 fit a
+# 10-minute machine call. Any other recipe and mode can be named with --step-runs.
+_HEADLINE = (("bf16", "compile"), ("adahop_lv2", "compile+graph"))
 CASES = (
-    Case("llama3_1b", 4, _FULL),
-    Case("llama3_1b", 8, _BEST + (("bf16", "eager"), ("adahop_lv2", "eager"))),
-    Case("llama3_3b", 4, _BEST + (("mxfp4_hadamard", "compile+graph"),)),
+    Case("llama3_1b", 4, _HEADLINE + (
+        ("float8_tensorwise", "compile"), ("float8_rowwise", "compile"), ("mxfp4_hadamard", "compile+graph"),
+        ("bf16", "compile+graph"), ("adahop_lv2", "eager"), ("bf16", "eager"),
+    )),
+    Case("llama3_1b", 8, _HEADLINE),
+    Case("llama3_3b", 4, _HEADLINE + (("float8_tensorwise", "compile"), ("mxfp4_hadamard", "compile+graph"))),
 )
+RECIPES = ("bf16", "mxfp4", "mxfp4_hadamard", "adahop_lv1", "adahop_lv2", *PEERS)
 # Kernel families by name fragment, first match wins; the rest is "other".
 FAMILIES = (
     ("quantize (Triton)", ("_quantize_",)),
@@ -258,9 +258,9 @@ def run(cases: tuple[Case, ...] = CASES) -> dict:
 
 
 def select_cases(keys: list[str], runs: list[str] | None = None) -> tuple[Case, ...]:
-    """The cases named by ``keys`` (``Case.key``; all when empty), in the order given, each
-    keeping only the ``runs`` named (all when None): "recipe/mode" for every case that has it,
-    "CASE:recipe/mode" for one case."""
+    """The cases named by ``keys`` (``Case.key``; all when empty), in the order given. With
+    ``runs``, each runs exactly those named: "recipe/mode" in every case, "CASE:recipe/mode" in
+    one; otherwise its default runs."""
     known = {c.key: c for c in CASES}
     unknown = [k for k in keys if k not in known]
     if unknown:
@@ -268,15 +268,15 @@ def select_cases(keys: list[str], runs: list[str] | None = None) -> tuple[Case, 
     cases = tuple(known[k] for k in keys) or CASES
     if runs is None:
         return cases
-    valid = {f"{r}/{m}" for c in cases for r, m in c.runs} | {f"{c.key}:{r}/{m}" for c in cases for r, m in c.runs}
-    if bad := sorted(set(runs) - valid):
-        raise ValueError(f"unknown step runs {bad}; choose from {sorted(valid)}")
-
-    def kept(case: Case) -> tuple[tuple[str, str], ...]:
-        named = [r.split(":")[-1] for r in runs if ":" not in r or r.startswith(f"{case.key}:")]
-        return tuple(run for run in (tuple(r.split("/")) for r in named) if run in case.runs)
-
-    return tuple(Case(c.preset, c.batch, kept(c)) for c in cases)
+    parsed = []
+    for name in runs:
+        case_key, _, run = name.rpartition(":")
+        recipe, _, mode = run.partition("/")
+        if recipe not in RECIPES or mode not in MODES or (case_key and case_key not in known):
+            raise ValueError(f"unknown step run {name!r}; write [CASE:]RECIPE/MODE with RECIPE one of {RECIPES}, "
+                             f"MODE one of {MODES} and CASE one of {sorted(known)}")
+        parsed.append((case_key, (recipe, mode)))
+    return tuple(Case(c.preset, c.batch, tuple(r for k, r in parsed if k in ("", c.key))) for c in cases)
 
 
 def markdown(step: dict) -> list[str]:
