@@ -80,16 +80,20 @@ def main(argv: list[str] | None = None) -> int:
 
     if not torch.cuda.is_available():
         parser.error("benchmarks need a CUDA GPU")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
     report = environment()
     for section in sections:
         options = {"sweep": True} if section == "quantize" and args.quantize_sweep else {}
+        if section == "step" and args.out:
+            options["partial"] = args.out.with_suffix(".partial.json")
         if section == "step" and (args.step_cases or args.step_runs):
             from .step import select_cases
 
             names = [k for k in args.step_cases.split(",") if k]
             runs = [r for r in args.step_runs.split(",") if r] or None
             try:
-                options = {"cases": select_cases(names, runs)}
+                options["cases"] = select_cases(names, runs)
             except ValueError as err:
                 parser.error(str(err))
         result = importlib.import_module(f"{__name__}.{section}").run(**options)

@@ -16,15 +16,20 @@ in a process that has already run other benchmarks.
 
 from __future__ import annotations
 
+import json
 import math
 import multiprocessing
 import tempfile
 import time
 from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
+
+from ..atomic import write_atomic
 
 SEQ_LEN = 2048
 VOCAB_SIZE = 32768  # the tokenizer of configs/llama3_*_h200.toml
@@ -188,7 +193,7 @@ def _failure(err: BaseException) -> dict:
     return {"error": f"{type(err).__name__}: {str(err)[:300]}"}
 
 
-def run_case(case: Case) -> dict:
+def run_case(case: Case, on_run: Callable[[dict], None] = lambda runs: None) -> dict:
     """Every run of ``case`` in a fresh process, with its tokens/s relative to BF16's fastest mode."""
     from importlib.util import find_spec
 
@@ -205,6 +210,7 @@ def run_case(case: Case) -> dict:
             except Exception as err:  # one failing run must not lose the others
                 runs[name] = _failure(err)
         runs[name] |= {"recipe": recipe, "mode": mode}
+        on_run(runs)
         print(f"  {case.key} {name}: {_one_line(runs[name])}", flush=True)
     best = best_runs(runs)
     base = best.get("bf16")
@@ -235,14 +241,19 @@ def _ratio(case: dict, recipe: str, reference: str, key: str = "tokens_per_s") -
     return None
 
 
-def run(cases: tuple[Case, ...] = CASES) -> dict:
-    """Every case, and the headline ratios (best mode against best mode)."""
+def run(cases: tuple[Case, ...] = CASES, partial: Path | None = None) -> dict:
+    """Every case, and the headline ratios (best mode against best mode). ``partial``: a JSON
+    file rewritten (atomically) after every run, so a run cut off by a time limit keeps the rest."""
     from ..data import prepare_data
 
     prepare_data("stdlib", VOCAB_SIZE, progress=False)  # tokenize once; every run reads the cache
     results: dict = {"seq_len": SEQ_LEN, "vocab_size": VOCAB_SIZE, "cases": {}}
     for case in cases:
-        results["cases"][case.key] = run_case(case)
+        def save(runs: dict, key: str = case.key) -> None:
+            if partial is not None:
+                write_atomic(partial, json.dumps(results | {"partial": {key: runs}}, indent=1))
+
+        results["cases"][case.key] = run_case(case, save)
     headlines = {
         "train_step_speedup_vs_bf16": ("llama3_1b_4x2048", "bf16", "tokens_per_s"),
         "train_step_speedup_vs_bf16_1b_8x": ("llama3_1b_8x2048", "bf16", "tokens_per_s"),
