@@ -13,6 +13,7 @@ import importlib
 import json
 from pathlib import Path
 
+from ..atomic import write_atomic
 from .common import environment
 
 SECTIONS = ("gemm", "quantize", "linear", "step")
@@ -103,8 +104,7 @@ def main(argv: list[str] | None = None) -> int:
                 report[key] = result[key]
         print(f"{section}: " + ", ".join(f"{k}={result[k]:.3f}" for k in result if isinstance(result[k], float)))
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
-        args.out.with_suffix(".md").write_text(summary_markdown(report))
+        write_atomic(args.out.with_suffix(".json"), json.dumps(report, indent=2) + "\n")
+        write_atomic(args.out.with_suffix(".md"), summary_markdown(report))
     print(summary_markdown(report))
     return 0
