@@ -443,6 +443,18 @@ class _LaunchPlan:
     constexprs: dict
 
 
+def common_constexprs(dtype: torch.dtype, on_cuda: bool, fmt: str, scale_rule: str, rounding: str,
+                      has_signs: bool) -> dict:
+    """Compile-time arguments every quantize kernel takes: input handling, scale rule, rounding
+    and the element format's facts."""
+    efmt = ELEMENT_FORMATS[fmt]
+    return dict(
+        INPUT_BF16=dtype == torch.bfloat16, ROUND_TO={torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, ""),
+        NATIVE_CASTS=on_cuda, HAS_SIGNS=has_signs, RULE=scale_rule, STOCHASTIC=rounding == "stochastic",
+        EMAX=efmt.emax, EMIN=efmt.emin, MBITS=efmt.mbits, MAX_NORMAL=efmt.max_normal, MAX_CODE=_max_code(efmt),
+    )
+
+
 @functools.cache
 def _zero_seed(device: torch.device) -> torch.Tensor:
     """The key a round-to-nearest launch passes (and never uses): one tensor per device, made
@@ -493,12 +505,8 @@ def _launch_plan(
 
     m_padded, n_padded = cdiv(M, block_size) * block_size, cdiv(N, block_size) * block_size
     # Compile-time arguments every kernel takes: input handling, scale rule, rounding, format.
-    constexprs = dict(
-        INPUT_BF16=dtype == torch.bfloat16, ROUND_TO={torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, ""),
-        NATIVE_CASTS=on_cuda, HAS_SIGNS=signs_shape is not None, RULE=scale_rule,
-        STOCHASTIC=rounding == "stochastic", EMAX=efmt.emax, EMIN=efmt.emin, MBITS=efmt.mbits,
-        MAX_NORMAL=efmt.max_normal, MAX_CODE=_max_code(efmt), num_warps=tiling.num_warps,
-    )
+    constexprs = common_constexprs(dtype, on_cuda, fmt, scale_rule, rounding, signs_shape is not None)
+    constexprs["num_warps"] = tiling.num_warps
     grid = (cdiv(M, tiling.block_m), cdiv(N, tiling.block_n))
     hadamard_scale = 1 / math.sqrt(hb) if hb else 1.0
     per_unit = _codes_per_unit(efmt, block_size)
