@@ -133,7 +133,7 @@ def adversarial_blocks(fmt: str, rule: str, rows: int, length: int, seed: int | 
     integer, or short of it by ``2**-16 - f`` with ``f`` in 1/2, 3/4, 15/16, for the element's
     own noise ``n``), *ties* (grid midpoints and one ulp either side), uniform random magnitudes
     below the maximum, values past ``max_normal`` (they saturate where the rule lets them occur)
-    and zeros. Row 0 holds a zero block, a NaN block and an Inf block.
+    and zeros. Blocks 0, 1 and 2 are a zero block, a NaN block and an Inf block.
     """
     mbits, emin, _, max_normal, _, _ = FORMATS[fmt]
     rng = np.random.default_rng(rng_seed)
@@ -183,8 +183,8 @@ def adversarial_blocks(fmt: str, rule: str, rows: int, length: int, seed: int | 
     sign = np.where(rng.random(shape) < 0.5, -1.0, 1.0)
     v = (sign * y * np.exp2(s)[:, None]).astype(np.float32)
     assert np.array_equal(v.astype(np.float64), sign * y * np.exp2(s)[:, None]), "not exact in float32"
-    v = v.reshape(rows, length)
-    v[0, :block] = 0.0
-    v[0, block + 3] = np.nan
-    v[0, 2 * block + 7] = -np.inf
-    return v
+    flat = v.reshape(-1)
+    flat[:block] = 0.0
+    flat[block + 3] = np.nan
+    flat[2 * block + 7] = -np.inf
+    return v.reshape(rows, length)
