@@ -90,7 +90,7 @@ def test_signed_transform_is_the_documented_matrix(n, axis):
     q = torch.diag(signs.double()) @ sylvester_by_popcount(n) / math.sqrt(n)
     assert torch.equal(hadamard_matrix(n, dtype=torch.float64), sylvester_by_popcount(n))
     assert torch.allclose(hadamard_rotation(n, signs, dtype=torch.float64), q, rtol=0, atol=1e-15)
-    x = torch.randn(3 * n, 2 * n, dtype=torch.float64)
+    x = torch.randn(2 * n, n, dtype=torch.float64)
     want = (x.movedim(axis, -1).unflatten(-1, (-1, n)) @ q).flatten(-2).movedim(-1, axis)
     got = hadamard_transform(x, axis=axis, block_size=n, signs=signs)
     assert torch.allclose(got, want, rtol=1e-12, atol=1e-12)
