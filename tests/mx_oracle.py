@@ -76,7 +76,7 @@ def shared_exponents(amax: np.ndarray, fmt: str, rule: str) -> np.ndarray:
     elif rule == "rceil":  # ceil(log2(fp32(amax / max_normal))), the division rounded as float32
         d = (a.astype(np.float32) / np.float32(max_normal)).astype(np.float64)
         md, ed = np.frexp(d)
-        s = ed - (md == 0.5)
+        s = np.where(d == 0, -127, ed - (md == 0.5))  # the division can underflow to 0
     else:
         raise ValueError(rule)
     s = np.where(a == 0, -127, s)

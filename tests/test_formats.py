@@ -153,6 +153,27 @@ def test_bit_exact_with_torchao(rule, fmt):
     assert torch.equal(q.data, data.view(torch.uint8))
 
 
+@pytest.mark.parametrize("fmt", list(ML_DTYPES))
+def test_rceil_on_blocks_whose_descale_is_a_float32_subnormal(fmt):
+    """amax / max_normal below 2**-126: ceil(log2) of the subnormal, as torchao and the oracle
+    (adahop gave 2**-126 for every nonzero subnormal descale until issue 17)."""
+    mx_tensor = pytest.importorskip("torchao.prototype.mx_formats.mx_tensor")
+    from torchao.prototype.mx_formats.config import ScaleCalculationMode
+
+    elem = {"mxfp4": torch.float4_e2m1fn_x2, "mxfp8_e4m3": torch.float8_e4m3fn, "mxfp8_e5m2": torch.float8_e5m2}[fmt]
+    m = MAX_NORMAL[fmt]
+    maxima = torch.tensor([m * 2.0**-127, m * 1.5 * 2.0**-127, m * 0.99 * 2.0**-126, m * 2.0**-130, 1e-45, 1e-39])
+    x = torch.zeros(len(maxima), 32)
+    x[:, 0] = maxima.float()
+    x[:, 1] = -maxima.float() / 3
+    q = quantize_mx(x, fmt, scale_rule="rceil")
+    data, scales = mx_oracle.quantize(x, fmt, "rceil")
+    assert np.array_equal(q.scales.numpy(), scales) and np.array_equal(q.data.numpy(), data)
+    scale, _ = mx_tensor.to_mx(x, elem, 32, ScaleCalculationMode.RCEIL)
+    assert torch.equal(q.scales, scale.view(torch.uint8))
+    assert q.scales[:, 0].tolist()[:3] == [0, 1, 1]
+
+
 @pytest.mark.parametrize("rule", ["ceil", "rceil"])
 def test_ceil_rules_never_clip(rule):
     x = wide_range((32, 128), seed=5)
