@@ -101,7 +101,11 @@ def shared_exponent(amax_bits, RULE: tl.constexpr, EMAX: tl.constexpr, MAX_NORMA
     else:  # "rceil": the division is correctly rounded, like torch's
         amax = amax_bits.to(tl.float32, bitcast=True)
         descale = tl.math.div_rn(amax, MAX_NORMAL).to(tl.int32, bitcast=True)
-        s = exponent_field(descale) + ((descale & F32_MANTISSA_MASK) != 0).to(tl.int32)
+        e = exponent_field(descale)
+        mantissa = descale & F32_MANTISSA_MASK
+        # A subnormal descale is mantissa * 2**-149: above 2**-127 only when mantissa > 2**22.
+        up = tl.where(e == -F32_BIAS, mantissa > 0x400000, mantissa != 0)
+        s = e + up.to(tl.int32)
     return tl.minimum(tl.maximum(s, -F32_BIAS), F32_BIAS)
 
 
