@@ -2,6 +2,8 @@
 
 Oracle 1 (float64 + ml_dtypes): the OCP floor scale from the exponent of amax computed in float64,
 elements cast by ml_dtypes (round-to-nearest-even, saturating). Oracle 2: torchao's ``to_mx``.
+Each quantizer test runs on the specification and on ``formats.fast``, the route the custom ops take
+on CPU (test_fast_reference.py compares the two bit for bit).
 """
 
 import math
@@ -14,6 +16,7 @@ import torch
 from adahop import quantize_mx
 from adahop.formats import philox
 from adahop.formats.elements import E2M1, E4M3, element_quantum, round_to_element
+from adahop.formats.fast import quantize_mx_fast
 
 ML_DTYPES = {
     "mxfp4": ml_dtypes.float4_e2m1fn,
@@ -40,6 +43,11 @@ def oracle_floor(x: torch.Tensor, fmt: str, axis: int = -1, block: int = 32) -> 
     return out.movedim(-1, axis)
 
 
+@pytest.fixture(params=["spec", "fast"])
+def quantize(request):
+    return quantize_mx if request.param == "spec" else quantize_mx_fast
+
+
 def wide_range(shape, seed=0, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
     mag = torch.exp2(torch.randint(-40, 40, shape, generator=g).float())
@@ -49,16 +57,16 @@ def wide_range(shape, seed=0, dtype=torch.float32):
 
 @pytest.mark.parametrize("fmt", list(ML_DTYPES))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_floor_matches_ml_dtypes_oracle(fmt, dtype):
+def test_floor_matches_ml_dtypes_oracle(fmt, dtype, quantize):
     x = torch.randn(16, 96, generator=torch.Generator().manual_seed(1)).to(dtype)
     x[0] *= 1e-3
     x[1, :32] = 0.0  # a zero block
-    got = quantize_mx(x, fmt).dequantize(torch.float64)
+    got = quantize(x, fmt).dequantize(torch.float64)
     assert torch.equal(got, oracle_floor(x, fmt))
 
 
 @pytest.mark.parametrize("fmt", list(ML_DTYPES))
-def test_every_rounding_tie_and_saturation(fmt):
+def test_every_rounding_tie_and_saturation(fmt, quantize):
     """Each block holds amax 4 (scale 1 for FP4) plus midpoints between every pair of grid values."""
     grid = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
     mids = (grid[1:] + grid[:-1]) / 2  # 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0: all ties
@@ -66,7 +74,7 @@ def test_every_rounding_tie_and_saturation(fmt):
     x = torch.cat([torch.tensor([4.0]), vals, torch.zeros(32 - 1 - len(vals))]).repeat(3, 1)
     x[1] *= 2.0**-130  # tiny blocks: scale clamped at 2**-127
     x[2] *= 2.0**100
-    got = quantize_mx(x, fmt).dequantize(torch.float64)
+    got = quantize(x, fmt).dequantize(torch.float64)
     assert torch.equal(got, oracle_floor(x, fmt))
     if fmt == "mxfp4":
         row = got[0]
@@ -75,18 +83,18 @@ def test_every_rounding_tie_and_saturation(fmt):
 
 
 @pytest.mark.parametrize("fmt", list(ML_DTYPES))
-def test_wide_dynamic_range_and_fp32_subnormals(fmt):
+def test_wide_dynamic_range_and_fp32_subnormals(fmt, quantize):
     x = wide_range((8, 256))
     x[3] = torch.randn(256) * 1e-39  # fp32 subnormals
     x[4, :16] = torch.tensor(1e-45)  # the smallest subnormal
-    got = quantize_mx(x, fmt).dequantize(torch.float64)
+    got = quantize(x, fmt).dequantize(torch.float64)
     assert torch.equal(got, oracle_floor(x, fmt))
 
 
 @pytest.mark.parametrize("shape,axis", [((5, 70), -1), ((70, 5), 0), ((3, 33, 4), 1), ((1,), 0)])
-def test_odd_sizes_and_axes(shape, axis):
+def test_odd_sizes_and_axes(shape, axis, quantize):
     x = wide_range(shape, seed=3)
-    q = quantize_mx(x, "mxfp4", axis=axis)
+    q = quantize(x, "mxfp4", axis=axis)
     assert q.shape == x.shape
     assert q.dequantize().shape == x.shape
     n_blocks = math.ceil(x.shape[axis] / 32)
@@ -96,21 +104,21 @@ def test_odd_sizes_and_axes(shape, axis):
     assert torch.equal(q.dequantize(torch.float64), oracle_floor(x, "mxfp4", axis=axis))
 
 
-def test_packing_low_nibble_first_and_nbytes():
+def test_packing_low_nibble_first_and_nbytes(quantize):
     x = torch.zeros(32)
     x[0], x[1], x[31] = 4.0, -0.5, 1.0  # amax 4 -> scale 2**0
-    q = quantize_mx(x)
+    q = quantize(x)
     assert q.data[0].item() == (0b1001 << 4) | 0b0110  # -0.5 high nibble, 4.0 low nibble
     assert q.data[15].item() == 0b0010 << 4
     assert q.scales.tolist() == [127]
     assert q.nbytes == 16 + 1
 
 
-def test_nan_and_inf_poison_only_their_block():
+def test_nan_and_inf_poison_only_their_block(quantize):
     x = torch.randn(2, 96)
     x[0, 5] = float("nan")
     x[1, 70] = float("inf")
-    q = quantize_mx(x)
+    q = quantize(x)
     assert q.scales[0].tolist()[0] == 255 and q.scales[1].tolist()[2] == 255
     d = q.dequantize()
     assert torch.isnan(d[0, :32]).all() and torch.isnan(d[1, 64:]).all()
@@ -122,7 +130,7 @@ TORCHAO_MODES = ["floor", "ceil", "even", "rceil"]
 
 @pytest.mark.parametrize("rule", TORCHAO_MODES)
 @pytest.mark.parametrize("fmt", list(ML_DTYPES))
-def test_bit_exact_with_torchao(rule, fmt):
+def test_bit_exact_with_torchao(rule, fmt, quantize):
     mx_tensor = pytest.importorskip("torchao.prototype.mx_formats.mx_tensor")
     from torchao.prototype.mx_formats.config import ScaleCalculationMode
 
@@ -137,34 +145,34 @@ def test_bit_exact_with_torchao(rule, fmt):
     x[0, :32] = 0.0
     x[1, :32] = torch.tensor([0.25, 0.75, 1.25, 2.5, 3.5, 5.0, 7.0, 4.0] * 4)
     scale, data = mx_tensor.to_mx(x, elem, 32, getattr(ScaleCalculationMode, rule.upper()))
-    q = quantize_mx(x, fmt, scale_rule=rule)
+    q = quantize(x, fmt, scale_rule=rule)
     assert torch.equal(q.scales, scale.view(torch.uint8))
     assert torch.equal(q.data, data.view(torch.uint8))
 
 
 @pytest.mark.parametrize("rule", ["ceil", "rceil"])
-def test_ceil_rules_never_clip(rule):
+def test_ceil_rules_never_clip(rule, quantize):
     x = wide_range((32, 128), seed=5)
-    q = quantize_mx(x, scale_rule=rule)
+    q = quantize(x, scale_rule=rule)
     blocks = x.view(32, 4, 32)
     scale = torch.exp2(q.scales.double() - 127)
     assert (blocks.abs().amax(-1).double() / scale <= 6.0).all()
 
 
-def test_stochastic_rounding_is_unbiased_and_reproducible():
+def test_stochastic_rounding_is_unbiased_and_reproducible(quantize):
     x = torch.randn(4, 64, generator=torch.Generator().manual_seed(0))
     x[:, 0] = 3.0  # fixed amax per first block so the scale rule never clips below it
     x[:, 32] = -3.0
-    a = quantize_mx(x, rounding="stochastic", seed=11, scale_rule="rceil")
-    b = quantize_mx(x, rounding="stochastic", seed=11, scale_rule="rceil")
-    c = quantize_mx(x, rounding="stochastic", seed=12, scale_rule="rceil")
+    a = quantize(x, rounding="stochastic", seed=11, scale_rule="rceil")
+    b = quantize(x, rounding="stochastic", seed=11, scale_rule="rceil")
+    c = quantize(x, rounding="stochastic", seed=12, scale_rule="rceil")
     assert torch.equal(a.data, b.data) and not torch.equal(a.data, c.data)
     n = 2000
     mean = sum(
-        quantize_mx(x, rounding="stochastic", seed=s, scale_rule="rceil").dequantize(torch.float64)
+        quantize(x, rounding="stochastic", seed=s, scale_rule="rceil").dequantize(torch.float64)
         for s in range(n)
     ) / n
-    rn_err = (quantize_mx(x, scale_rule="rceil").dequantize(torch.float64) - x.double()).abs().mean()
+    rn_err = (quantize(x, scale_rule="rceil").dequantize(torch.float64) - x.double()).abs().mean()
     # The mean of n draws lands within a few standard errors (<= quantum / (2 sqrt n)) of x.
     quantum = torch.exp2(torch.floor(torch.log2(x.double().abs().clamp_min(0.5))) - 1)
     assert ((mean - x.double()).abs() <= 5 * quantum / (2 * math.sqrt(n)) + 1e-12).all()
@@ -185,10 +193,10 @@ def test_stochastic_rounding_adds_the_noise_exactly(fmt):
     assert torch.equal(got, want)
 
 
-def test_stochastic_rounding_values_straddle_the_grid():
+def test_stochastic_rounding_values_straddle_the_grid(quantize):
     x = torch.full((1, 32), 2.4)
     x[0, 0] = 4.0
-    draws = torch.stack([quantize_mx(x, rounding="stochastic", seed=s).dequantize()[0, 1] for s in range(200)])
+    draws = torch.stack([quantize(x, rounding="stochastic", seed=s).dequantize()[0, 1] for s in range(200)])
     assert set(draws.tolist()) == {2.0, 3.0}  # only the two neighbours
     assert abs(draws.double().mean().item() - 2.4) < 0.1
 
@@ -257,11 +265,11 @@ def test_uniform_noise_statistics():
         ({"block_size": 0}, ValueError),
     ],
 )
-def test_bad_arguments_are_clear_errors(kwargs, err):
+def test_bad_arguments_are_clear_errors(kwargs, err, quantize):
     with pytest.raises(err, match="choose one of|must be"):
-        quantize_mx(torch.randn(4, 32), **kwargs)
+        quantize(torch.randn(4, 32), **kwargs)
 
 
-def test_integer_input_is_rejected():
+def test_integer_input_is_rejected(quantize):
     with pytest.raises(TypeError, match="supports"):
-        quantize_mx(torch.arange(32))
+        quantize(torch.arange(32))

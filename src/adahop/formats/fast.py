@@ -130,8 +130,8 @@ def quantize_mx_fast(
         quantum = _exp2_bits(exponent.sub_(efmt.mbits))
         values = torch.clamp(steps.to(torch.float32).mul_(quantum), max=efmt.max_normal)
         data = encode_fp8(torch.copysign(values, blocks), efmt)
-    data = data.view(p, -1, q).transpose(1, 2).reshape(*other, -1)
-    scales = codes_e8m0.view(p, nb, q).transpose(1, 2).reshape(*other, nb)
+    data = data.view(p, -1, q).transpose(1, 2).contiguous().view(*other, -1)
+    scales = codes_e8m0.view(p, nb, q).transpose(1, 2).contiguous().view(*other, nb)
     return MXTensor(data, scales, fmt, axis, block_size, x.shape)
 
 
