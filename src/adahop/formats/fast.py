@@ -31,6 +31,7 @@ from .scales import E8M0_NAN, scale_codes, scale_values
 
 _F32_MBITS = 23
 _F32_BIAS = 127
+_ROUND_BITS = 0x4B000000  # float32 bits of 2**23
 
 
 def _exp2_bits(biased_exponent: torch.Tensor) -> torch.Tensor:
@@ -113,22 +114,27 @@ def quantize_mx_fast(
     # Element exponent e = max(floor(log2 a), emin), biased; the quantum is 2**(e - mbits).
     exponent = a.view(torch.int32).bitwise_right_shift(_F32_MBITS).clamp_(min=efmt.emin + _F32_BIAS)
     if rounding == "nearest":
-        steps = a.mul_(_exp2_bits(2 * _F32_BIAS + efmt.mbits - exponent)).round_().to(torch.int32)
+        # a / quantum + 2**23 rounds half to even onto the integers (its ulp is 1), so the bits
+        # of the sum are _ROUND_BITS + round(a / quantum); a / quantum < 2**(mbits + 2) is exact.
+        inv_quantum = _exp2_bits(2 * _F32_BIAS + efmt.mbits - exponent)
+        steps = torch.addcmul(a.new_full((), 2.0**_F32_MBITS), a, inv_quantum).view(torch.int32)
+        offset = _ROUND_BITS
     else:  # floor((floor(a / quantum * 2**16) + noise) / 2**16), all in integers
         fixed = a.mul_(_exp2_bits(2 * _F32_BIAS + efmt.mbits + philox.NOISE_BITS - exponent)).to(torch.int32)
         noise = _noise(0 if seed is None else seed, p, k, q, v.device).view(p, nb, block_size, q)
         steps = fixed.add_(noise).bitwise_right_shift_(philox.NOISE_BITS)
+        offset = 0
 
     if efmt.bits == 4:
         # E2M1 code 2 * (e - emin) + steps (emin = 0), saturated at 7 (= 6.0), sign in bit 3.
-        codes = steps.add_(exponent, alpha=2).sub_(2 * _F32_BIAS).clamp_(max=7).to(torch.uint8)
+        codes = steps.add_(exponent, alpha=2).sub_(2 * _F32_BIAS + offset).clamp_(max=7).to(torch.uint8)
         sign = blocks.view(torch.int32) < 0
         codes.bitwise_or_(sign.to(torch.uint8) << 3)
         codes = codes.view(p, k // 2, 2, q)
         data = codes[:, :, 0].bitwise_or(codes[:, :, 1] << 4)
     else:
         quantum = _exp2_bits(exponent.sub_(efmt.mbits))
-        values = torch.clamp(steps.to(torch.float32).mul_(quantum), max=efmt.max_normal)
+        values = torch.clamp(steps.sub_(offset).to(torch.float32).mul_(quantum), max=efmt.max_normal)
         data = encode_fp8(torch.copysign(values, blocks), efmt)
     data = data.view(p, -1, q).transpose(1, 2).contiguous().view(*other, -1)
     scales = codes_e8m0.view(p, nb, q).transpose(1, 2).contiguous().view(*other, nb)
@@ -147,6 +153,7 @@ def dequantize_blocked_fast(mx: MXTensor) -> torch.Tensor:
     """``mx.dequantize_blocked()``, bit for bit: one gather per byte for E2M1."""
     if mx.element_format.bits != 4:
         return mx.dequantize_blocked()
-    values = _e2m1_pair_table(mx.device).take(mx.data.to(torch.int64)).view(torch.float32)
+    pairs = _e2m1_pair_table(mx.device).index_select(0, mx.data.view(-1).to(torch.int32))
+    values = pairs.view(torch.float32).view(*mx.data.shape[:-1], -1)
     blocks = values.view(*mx.scales.shape, mx.block_size)
     return blocks.mul_(scale_values(mx.scales).unsqueeze(-1)).flatten(-2)
