@@ -153,7 +153,7 @@ def dequantize_blocked_fast(mx: MXTensor) -> torch.Tensor:
     """``mx.dequantize_blocked()``, bit for bit: one gather per byte for E2M1."""
     if mx.element_format.bits != 4:
         return mx.dequantize_blocked()
-    pairs = _e2m1_pair_table(mx.device).index_select(0, mx.data.view(-1).to(torch.int32))
+    pairs = _e2m1_pair_table(mx.device).index_select(0, mx.data.reshape(-1).to(torch.int32))
     values = pairs.view(torch.float32).view(*mx.data.shape[:-1], -1)
     blocks = values.view(*mx.scales.shape, mx.block_size)
     return blocks.mul_(scale_values(mx.scales).unsqueeze(-1)).flatten(-2)
