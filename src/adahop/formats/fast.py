@@ -35,7 +35,7 @@ _ROUND_BITS = 0x4B000000  # float32 bits of 2**23
 
 
 def _exp2_bits(biased_exponent: torch.Tensor) -> torch.Tensor:
-    """float32 ``2**(e - 127)`` from int32 biased exponents in [1, 254] (in place)."""
+    """float32 ``2**(e - 127)`` from int32 biased exponents in [1, 254] (0 gives 0.0; in place)."""
     return biased_exponent.bitwise_left_shift_(_F32_MBITS).view(torch.float32)
 
 
@@ -109,7 +109,10 @@ def quantize_mx_fast(
     if bad.any():  # the spec zeroes these blocks: code 0, no sign
         blocks = blocks.masked_fill(bad, 0.0)
         a.masked_fill_(bad, 0.0)
-    a.mul_(1.0 / scale_values(torch.where(bad, 0, codes_e8m0)))  # |v| / 2**s, exactly
+    # |v| / 2**s exactly, as |v| * 2**-s. Every rule keeps s <= 126 for these element formats
+    # (float32's largest amax gives 126 under ceil, even and rceil), so 2**-s is a normal float32
+    # with biased exponent 254 - code; the zeroed NaN blocks (code 255) get 0.
+    a.mul_(_exp2_bits((2 * _F32_BIAS - codes_e8m0.to(torch.int32)).clamp_(min=0)))
 
     # Element exponent e = max(floor(log2 a), emin), biased; the quantum is 2**(e - mbits).
     exponent = a.view(torch.int32).bitwise_right_shift(_F32_MBITS).clamp_(min=efmt.emin + _F32_BIAS)
