@@ -65,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
                 for phase, values in windows.items():
                     row[f"{recipe}/{phase}"] = statistics.median(values[1:] or values)
                 row[f"{recipe}/wall_s"] = time.perf_counter() - start
+            row["loadavg_1min"] = os.getloadavg()[0]  # other users of the same cores
             per_round.append(row)
             print(f"round {r + 1}: " + "  ".join(f"{k} {v:,.0f}" for k, v in row.items()), flush=True)
 

@@ -48,7 +48,7 @@ def _k_major(x: torch.Tensor, axis: int) -> tuple[torch.Tensor, tuple[int, ...]]
     v = x.contiguous().view(p, k, q)
     if q == 1 and p > 1:  # blocked along rows: transpose once so that K runs across rows
         v = v.view(p, k).t().unsqueeze(0)
-    return v.to(torch.float32).contiguous(), other
+    return v.contiguous().to(torch.float32), other
 
 
 def _hadamard(v: torch.Tensor, dtype: torch.dtype, block_size: int, signs: torch.Tensor | None) -> torch.Tensor:
