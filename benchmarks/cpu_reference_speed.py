@@ -59,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             row = {}
-            for recipe, steps in (("bf16", args.frozen_steps + LOG_EVERY), ("adahop_lv2", CALIBRATION_STEPS + args.frozen_steps)):
+            runs = (("bf16", args.frozen_steps + LOG_EVERY), ("adahop_lv2", CALIBRATION_STEPS + args.frozen_steps))
+            for recipe, steps in runs:
                 start = time.perf_counter()
                 windows = train_windows(recipe, steps, Path(tmp) / f"{recipe}-{r}")
                 for phase, values in windows.items():

@@ -10,7 +10,13 @@ import pytest
 import torch
 
 from adahop import ops
-from adahop.formats import ELEMENT_FORMATS, ROUNDING_MODES, SCALE_RULES, philox, quantize_mx
+from adahop.formats import (
+    ELEMENT_FORMATS,
+    ROUNDING_MODES,
+    SCALE_RULES,
+    philox,
+    quantize_mx,
+)
 from adahop.formats.fast import dequantize_blocked_fast, quantize_mx_fast
 from adahop.gemm import QuantSpec, prepare_operand
 from adahop.transforms import hadamard_transform, random_signs
@@ -22,7 +28,9 @@ def spec_quantize(x, fmt, axis, block_size, scale_rule, rounding, seed, hadamard
     return quantize_mx(x, fmt, axis=axis, block_size=block_size, scale_rule=scale_rule, rounding=rounding, seed=seed)
 
 
-def assert_same(x, fmt, axis=-1, block_size=32, scale_rule="floor", rounding="nearest", seed=0, hadamard_block_size=0, signs=None):
+def assert_same(
+    x, fmt, axis=-1, block_size=32, scale_rule="floor", rounding="nearest", seed=0, hadamard_block_size=0, signs=None
+):
     want = spec_quantize(x, fmt, axis, block_size, scale_rule, rounding, seed, hadamard_block_size, signs)
     got = quantize_mx_fast(
         x, fmt, axis=axis, block_size=block_size, scale_rule=scale_rule, rounding=rounding, seed=seed,
@@ -118,7 +126,7 @@ def test_many_random_inputs():
         k *= 16
         fmt = list(ELEMENT_FORMATS)[i % 3]
         x = wide_range((rows, k), seed=i)
-        kw = dict(scale_rule=SCALE_RULES[i % 4], rounding=ROUNDING_MODES[(i // 4) % 2], seed=i * 7919)
+        kw = {"scale_rule": SCALE_RULES[i % 4], "rounding": ROUNDING_MODES[(i // 4) % 2], "seed": i * 7919}
         assert_same(x, fmt, 1, 32, **kw, hadamard_block_size=16 * (i % 2))
         assert_same(x.t().contiguous(), fmt, 0, 16, **kw)
 
@@ -131,7 +139,8 @@ def test_noise_runs_are_noise_bits():
         grid = torch.arange(24).view(2, 3, 4) * 1000003
         want = philox.noise_bits(seed, grid.unsqueeze(2) * 8 + torch.arange(8).view(1, 1, 8, 1))
         assert torch.equal(philox.noise_runs(seed, grid, dim=2).long(), want)
-        assert torch.equal(philox.noise_runs(seed, torch.arange(512)).flatten().long(), philox.noise_bits(seed, torch.arange(4096)))
+        stream = philox.noise_runs(seed, torch.arange(512)).flatten()
+        assert torch.equal(stream.long(), philox.noise_bits(seed, torch.arange(4096)))
 
 
 @pytest.mark.parametrize("strategy,rounding", [("mxfp4", "nearest"), ("iht", "nearest"), ("iht", "stochastic")])
@@ -142,7 +151,10 @@ def test_cpu_custom_ops_are_the_reference(strategy, rounding):
     for t in (x, x.t()):
         got = prepare_operand(t, strategy, "L", spec, seed=3).quantized
         source, axis = (t, 1) if t.is_contiguous() else (t.t(), 0)
-        data, scales = ops._quantize_reference(source, "mxfp4", axis, 32, "floor", rounding, torch.tensor(3), 32 * (strategy == "iht"), None)
+        hadamard = 32 if strategy == "iht" else 0
+        data, scales = ops._quantize_reference(
+            source, "mxfp4", axis, 32, "floor", rounding, torch.tensor(3), hadamard, None
+        )
         assert torch.equal(got.data, data) and torch.equal(got.scales, scales)
     a = prepare_operand(x, strategy, "L", spec, seed=4).quantized
     b = prepare_operand(with_specials(x[:40]), strategy, "R", spec, seed=5).quantized

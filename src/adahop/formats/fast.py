@@ -1,19 +1,21 @@
 """The reference quantizer rearranged for speed: the same bits as the specification, far fewer passes.
 
 :func:`adahop.formats.quantize_mx` (after :func:`adahop.transforms.hadamard_transform`) and
-:meth:`MXTensor.dequantize_blocked` stay the readable specification; this is what the custom
-ops run off CUDA, and ``tests/test_fast_reference.py`` holds it to the specification bit for bit.
-It computes the same float32 values in the same order, but
+:meth:`MXTensor.dequantize_blocked` stay the readable specification (and what CUDA's
+``ops.reference_only()`` runs); this is what the custom ops run on CPU, and
+``tests/test_fast_reference.py`` holds it to the specification bit for bit. Every rounding step
+is the specification's, but
 
-- works with the block axis K in the middle of a contiguous ``[P, K, Q]`` view (a 2-D input
-  blocked along its rows is transposed once), so the Hadamard stages, the block maxima and the
-  codes are whole-row operations, and only the 1-byte codes are moved into storage layout;
-- draws Philox noise once per eight elements (:func:`philox.noise_runs`);
-- reads element exponents off the float32 bit fields instead of ``frexp``/``ldexp``, and divides
-  by powers of two as multiplications by their exact reciprocals (the same correctly rounded
-  result); stochastic rounding adds the integer noise in int32;
-- forms E2M1 codes arithmetically (``2 * e + steps``) and decodes them with one table gather
-  per byte instead of per-element table lookups.
+- the block axis K stays in the middle of a contiguous ``[P, K, Q]`` view (a 2-D input blocked
+  along its rows is transposed once), so the Hadamard stages, block maxima and codes are
+  whole-row operations, and only the 1-byte codes are moved into storage layout;
+- Philox runs once per eight elements (:func:`philox.noise_runs`), not once per element;
+- element exponents come off the float32 bit fields instead of ``frexp``/``ldexp``, divisions
+  by powers of two are multiplications by their exact reciprocals (the same correctly rounded
+  results), round-to-nearest-even is the float32 adder's (``2**23 + steps``), and stochastic
+  rounding adds the integer noise in int32;
+- E2M1 codes are formed arithmetically (``2 * e + steps``), and decoded by one table gather per
+  byte (two elements) instead of one lookup per element.
 """
 
 from __future__ import annotations

@@ -82,9 +82,9 @@ def noise_runs(seed: int, counters: torch.Tensor, dim: int = -1) -> torch.Tensor
     """``noise_bits`` of the eight offsets ``8 * c + (0, ..., 7)`` of every call counter ``c``.
 
     The same bits as ``noise_bits`` for a fraction of its work: one Philox call per counter rather
-    than per element, and the 64-bit product of each round taken in one int64 multiply (exact
-    modulo 2**64) instead of four 16-bit partial products. Returns int32 of ``counters``' shape
-    with a new axis of size eight at ``dim``.
+    than per element, and the 64-bit product of each round taken in one int64 multiply (which
+    wraps modulo 2**64, so its two words are exact) instead of four 16-bit partial products.
+    Returns int32 of ``counters``' shape with a new axis of size eight at ``dim``.
     """
     seed &= (1 << 64) - 1
     k0, k1 = seed & _MASK32, (seed >> 32) & _MASK32
@@ -101,7 +101,8 @@ def noise_runs(seed: int, counters: torch.Tensor, dim: int = -1) -> torch.Tensor
         k0 = (k0 + PHILOX_KEY_A) & _MASK32
         k1 = (k1 + PHILOX_KEY_B) & _MASK32
     dim = dim % (counters.dim() + 1)
-    out = torch.empty((*counters.shape[:dim], VALUES_PER_CALL, *counters.shape[dim:]), dtype=torch.int32, device=counters.device)
+    shape = (*counters.shape[:dim], VALUES_PER_CALL, *counters.shape[dim:])
+    out = torch.empty(shape, dtype=torch.int32, device=counters.device)
     for i, word in enumerate((c0, c1, c2, c3)):
         torch.bitwise_and(word, 0xFFFF, out=out.select(dim, 2 * i))
         torch.bitwise_and(word >> NOISE_BITS, 0xFFFF, out=out.select(dim, 2 * i + 1))
