@@ -2,6 +2,8 @@
 
 Oracle 1 (float64 + ml_dtypes): the OCP floor scale from the exponent of amax computed in float64,
 elements cast by ml_dtypes (round-to-nearest-even, saturating). Oracle 2: torchao's ``to_mx``.
+Each quantizer test runs on the specification and on ``formats.fast``, the route the custom ops take
+on CPU (test_fast_reference.py compares the two bit for bit).
 """
 
 import math
@@ -14,6 +16,7 @@ import torch
 from adahop import quantize_mx
 from adahop.formats import philox
 from adahop.formats.elements import E2M1, E4M3, E5M2, round_to_element
+from adahop.formats.fast import quantize_mx_fast
 
 import mx_oracle
 
@@ -42,6 +45,11 @@ def oracle_floor(x: torch.Tensor, fmt: str, axis: int = -1, block: int = 32) -> 
     return out.movedim(-1, axis)
 
 
+@pytest.fixture(params=["spec", "fast"])
+def quantize(request):
+    return quantize_mx if request.param == "spec" else quantize_mx_fast
+
+
 def wide_range(shape, seed=0, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
     mag = torch.exp2(torch.randint(-40, 40, shape, generator=g).float())
@@ -51,19 +59,19 @@ def wide_range(shape, seed=0, dtype=torch.float32):
 
 @pytest.mark.parametrize("fmt", list(ML_DTYPES))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_floor_matches_ml_dtypes_oracle(fmt, dtype):
+def test_floor_matches_ml_dtypes_oracle(fmt, dtype, quantize):
     x = torch.randn(16, 96, generator=torch.Generator().manual_seed(1)).to(dtype)
     x[0] *= 1e-3
     x[1, :32] = 0.0  # a zero block
     x[2:4] = x[2:4].clamp(-1.9, 1.9)
     x[2, ::32] = 2.0  # power-of-two block maxima: the floor and ceil scales differ here
     x[3, 1::32] = -(2.0**-7)
-    got = quantize_mx(x, fmt).dequantize(torch.float64)
+    got = quantize(x, fmt).dequantize(torch.float64)
     assert torch.equal(got, oracle_floor(x, fmt))
 
 
 @pytest.mark.parametrize("fmt", list(ML_DTYPES))
-def test_every_rounding_tie_and_saturation(fmt):
+def test_every_rounding_tie_and_saturation(fmt, quantize):
     """Midpoints between every pair of E2M1 grid values, and values past 6.
 
     Each block's amax is 7.9 (4.0 and 7.9 share a binade, so the floor scale is 2**0 for FP4 and
@@ -75,7 +83,7 @@ def test_every_rounding_tie_and_saturation(fmt):
     x = torch.cat([torch.tensor([4.0]), vals, torch.zeros(32 - 1 - len(vals))]).repeat(3, 1)
     x[1] *= 2.0**-130  # tiny blocks: scale clamped at 2**-127
     x[2] *= 2.0**100
-    got = quantize_mx(x, fmt).dequantize(torch.float64)
+    got = quantize(x, fmt).dequantize(torch.float64)
     assert torch.equal(got, oracle_floor(x, fmt))
     if fmt == "mxfp4":
         row = got[0]
@@ -84,18 +92,18 @@ def test_every_rounding_tie_and_saturation(fmt):
 
 
 @pytest.mark.parametrize("fmt", list(ML_DTYPES))
-def test_wide_dynamic_range_and_fp32_subnormals(fmt):
+def test_wide_dynamic_range_and_fp32_subnormals(fmt, quantize):
     x = wide_range((8, 256))
     x[3] = torch.randn(256) * 1e-39  # fp32 subnormals
     x[4, :16] = torch.tensor(1e-45)  # the smallest subnormal
-    got = quantize_mx(x, fmt).dequantize(torch.float64)
+    got = quantize(x, fmt).dequantize(torch.float64)
     assert torch.equal(got, oracle_floor(x, fmt))
 
 
 @pytest.mark.parametrize("shape,axis", [((5, 70), -1), ((70, 5), 0), ((3, 33, 4), 1), ((1,), 0)])
-def test_odd_sizes_and_axes(shape, axis):
+def test_odd_sizes_and_axes(shape, axis, quantize):
     x = wide_range(shape, seed=3)
-    q = quantize_mx(x, "mxfp4", axis=axis)
+    q = quantize(x, "mxfp4", axis=axis)
     assert q.shape == x.shape
     assert q.dequantize().shape == x.shape
     n_blocks = math.ceil(x.shape[axis] / 32)
@@ -105,21 +113,21 @@ def test_odd_sizes_and_axes(shape, axis):
     assert torch.equal(q.dequantize(torch.float64), oracle_floor(x, "mxfp4", axis=axis))
 
 
-def test_packing_low_nibble_first_and_nbytes():
+def test_packing_low_nibble_first_and_nbytes(quantize):
     x = torch.zeros(32)
     x[0], x[1], x[31] = 4.0, -0.5, 1.0  # amax 4 -> scale 2**0
-    q = quantize_mx(x)
+    q = quantize(x)
     assert q.data[0].item() == (0b1001 << 4) | 0b0110  # -0.5 high nibble, 4.0 low nibble
     assert q.data[15].item() == 0b0010 << 4
     assert q.scales.tolist() == [127]
     assert q.nbytes == 16 + 1
 
 
-def test_nan_and_inf_poison_only_their_block():
+def test_nan_and_inf_poison_only_their_block(quantize):
     x = torch.randn(2, 96)
     x[0, 5] = float("nan")
     x[1, 70] = float("inf")
-    q = quantize_mx(x)
+    q = quantize(x)
     assert q.scales[0].tolist()[0] == 255 and q.scales[1].tolist()[2] == 255
     d = q.dequantize()
     assert torch.isnan(d[0, :32]).all() and torch.isnan(d[1, 64:]).all()
@@ -131,7 +139,7 @@ TORCHAO_MODES = ["floor", "ceil", "even", "rceil"]
 
 @pytest.mark.parametrize("rule", TORCHAO_MODES)
 @pytest.mark.parametrize("fmt", list(ML_DTYPES))
-def test_bit_exact_with_torchao(rule, fmt):
+def test_bit_exact_with_torchao(rule, fmt, quantize):
     mx_tensor = pytest.importorskip("torchao.prototype.mx_formats.mx_tensor")
     from torchao.prototype.mx_formats.config import ScaleCalculationMode
 
@@ -148,7 +156,7 @@ def test_bit_exact_with_torchao(rule, fmt):
     x[2:6] = x[2:6].clamp(-0.9, 0.9)
     x[2:6, ::32] = torch.tensor([[1.0], [-(2.0**-9)], [2.0**12], [1.0 - 2**-24]])  # powers of two, and just below
     scale, data = mx_tensor.to_mx(x, elem, 32, getattr(ScaleCalculationMode, rule.upper()))
-    q = quantize_mx(x, fmt, scale_rule=rule)
+    q = quantize(x, fmt, scale_rule=rule)
     assert torch.equal(q.scales, scale.view(torch.uint8))
     assert torch.equal(q.data, data.view(torch.uint8))
 
@@ -175,19 +183,19 @@ def test_rceil_on_blocks_whose_descale_is_a_float32_subnormal(fmt):
 
 
 @pytest.mark.parametrize("rule", ["ceil", "rceil"])
-def test_ceil_rules_never_clip(rule):
+def test_ceil_rules_never_clip(rule, quantize):
     x = wide_range((32, 128), seed=5)
-    q = quantize_mx(x, scale_rule=rule)
+    q = quantize(x, scale_rule=rule)
     blocks = x.view(32, 4, 32)
     scale = torch.exp2(q.scales.double() - 127)
     assert (blocks.abs().amax(-1).double() / scale <= 6.0).all()
 
 
-def test_stochastic_rounding_is_reproducible():
+def test_stochastic_rounding_is_reproducible(quantize):
     x = torch.randn(4, 64, generator=torch.Generator().manual_seed(0))
-    a = quantize_mx(x, rounding="stochastic", seed=11)
-    b = quantize_mx(x, rounding="stochastic", seed=11)
-    c = quantize_mx(x, rounding="stochastic", seed=12)
+    a = quantize(x, rounding="stochastic", seed=11)
+    b = quantize(x, rounding="stochastic", seed=11)
+    c = quantize(x, rounding="stochastic", seed=12)
     assert torch.equal(a.data, b.data) and not torch.equal(a.data, c.data)
 
 
@@ -289,10 +297,10 @@ def test_oracle_philox_known_answers_and_adahop_stream():
         assert np.array_equal(philox.noise_bits(seed, torch.arange(n)).numpy(), mx_oracle.noise_bits(seed, n))
 
 
-def test_stochastic_rounding_values_straddle_the_grid():
+def test_stochastic_rounding_values_straddle_the_grid(quantize):
     x = torch.full((1, 32), 2.4)
     x[0, 0] = 4.0
-    draws = torch.stack([quantize_mx(x, rounding="stochastic", seed=s).dequantize()[0, 1] for s in range(200)])
+    draws = torch.stack([quantize(x, rounding="stochastic", seed=s).dequantize()[0, 1] for s in range(200)])
     assert set(draws.tolist()) == {2.0, 3.0}  # only the two neighbours
     assert abs(draws.double().mean().item() - 2.4) < 0.1
 
@@ -361,17 +369,17 @@ def test_uniform_noise_statistics():
         ({"block_size": 0}, ValueError),
     ],
 )
-def test_bad_arguments_are_clear_errors(kwargs, err):
+def test_bad_arguments_are_clear_errors(kwargs, err, quantize):
     with pytest.raises(err, match="choose one of|must be"):
-        quantize_mx(torch.randn(4, 32), **kwargs)
+        quantize(torch.randn(4, 32), **kwargs)
 
 
-def test_integer_input_is_rejected():
+def test_integer_input_is_rejected(quantize):
     with pytest.raises(TypeError, match="supports"):
-        quantize_mx(torch.arange(32))
+        quantize(torch.arange(32))
 
 
 @pytest.mark.parametrize("axis", [2, 5, -3])
-def test_axis_out_of_range_is_rejected_not_wrapped(axis):
+def test_axis_out_of_range_is_rejected_not_wrapped(axis, quantize):
     with pytest.raises(IndexError, match=f"axis {axis} is out of range for a 2-D tensor"):
-        quantize_mx(torch.randn(4, 32), axis=axis)
+        quantize(torch.randn(4, 32), axis=axis)

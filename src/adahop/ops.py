@@ -18,6 +18,7 @@ from collections.abc import Iterator
 import torch
 
 from .formats import MXTensor, quantize_mx
+from .formats.fast import dequantize_blocked_fast, quantize_mx_fast
 from .formats.folded import FoldedFP8
 from .formats.mx import storage_shapes
 from .transforms import hadamard_transform
@@ -79,6 +80,16 @@ def _quantize_mx_cuda(x, fmt, axis, block_size, scale_rule, rounding, seed, hada
     q = quantize_mx_triton(
         x, fmt, axis=axis, block_size=block_size, scale_rule=scale_rule, rounding=rounding,
         seed=seed, hadamard_block_size=hadamard_block_size or None, signs=signs,
+    )
+    return q.data, q.scales
+
+
+@quantize_mx_op.register_kernel("cpu")
+def _quantize_mx_cpu(x, fmt, axis, block_size, scale_rule, rounding, seed, hadamard_block_size, signs):
+    """The reference's bits by the faster route of ``formats.fast`` (tests/test_fast_reference.py)."""
+    q = quantize_mx_fast(
+        x, fmt, axis=axis, block_size=block_size, scale_rule=scale_rule, rounding=rounding,
+        seed=int(seed), hadamard_block_size=hadamard_block_size, signs=signs,
     )
     return q.data, q.scales
 
@@ -209,6 +220,14 @@ def _mx_matmul_cuda(a_data, a_scales, b_data, b_scales, fmt, block_size, out_dty
 
     a, b = _mx(a_data, a_scales, fmt, block_size), _mx(b_data, b_scales, fmt, block_size)
     return mx_matmul(a, b, out_dtype=out_dtype)
+
+
+@mx_matmul_op.register_kernel("cpu")
+def _mx_matmul_cpu(a_data, a_scales, b_data, b_scales, fmt, block_size, out_dtype):
+    """``_matmul_reference`` with the faster, bit-identical dequantization of ``formats.fast``."""
+    a = dequantize_blocked_fast(_mx(a_data, a_scales, fmt, block_size))
+    b = dequantize_blocked_fast(_mx(b_data, b_scales, fmt, block_size))
+    return (a @ b.T).to(out_dtype)
 
 
 @mx_matmul_op.register_fake
