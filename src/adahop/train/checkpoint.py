@@ -15,6 +15,9 @@ A checkpoint is one ``torch.save`` file, ``<run_dir>/checkpoints/step_XXXXXXX.pt
 It is written to a temporary file in the same directory, flushed to disk and then renamed over
 the final name, so a crash mid-write leaves the previous checkpoints as they were. Only plain
 containers and tensors are stored, so loading uses ``weights_only=True``.
+
+A multi-process run writes sharded checkpoints instead, directories ``step_XXXXXXX/`` (see
+``sharded_checkpoint``); both kinds count as the run's checkpoints, ordered by step.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import pickle
 import random
 import re
+import shutil
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -34,7 +38,7 @@ from ..atomic import atomic_file
 
 CHECKPOINT_FORMAT = 1
 CHECKPOINT_DIR = "checkpoints"
-_NAME = re.compile(r"^step_(\d+)\.pt$")
+_NAME = re.compile(r"^step_(\d+)(\.pt)?$")  # a file, or a sharded checkpoint's directory
 _ZIP_MAGIC = b"PK\x03\x04"  # torch.save writes a zip archive
 REQUIRED_KEYS = ("format", "step", "model", "optimizer", "scheduler", "data", "rng", "config")
 MATCHING_SECTIONS = ("model", "recipe", "data")  # a resumed run must not change these,
@@ -55,11 +59,11 @@ def checkpoint_path(run_dir: str | Path, step: int) -> Path:
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
-    """The run's checkpoints, oldest first."""
+    """The run's checkpoints (files and sharded directories), oldest first."""
     directory = Path(run_dir) / CHECKPOINT_DIR
     if not directory.is_dir():
         return []
-    found = [(int(m[1]), p) for p in directory.iterdir() if (m := _NAME.match(p.name))]
+    found = [(int(m[1]), p) for p in directory.iterdir() if (m := _NAME.match(p.name)) and p.is_dir() != bool(m[2])]
     return [p for _, p in sorted(found)]
 
 
@@ -123,7 +127,10 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
 def prune_checkpoints(run_dir: str | Path, keep_last: int) -> None:
     """Delete all but the newest ``keep_last`` checkpoints."""
     for path in list_checkpoints(run_dir)[:-keep_last]:
-        path.unlink()
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
 
 
 # ---- reading --------------------------------------------------------------------------------
