@@ -24,6 +24,7 @@ from __future__ import annotations
 import io
 import re
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -45,11 +46,25 @@ _PARTIAL = re.compile(r"^\.step_\d+\.(tmp|old)$")
 
 
 def _blob(obj: Any) -> io.BytesIO:
-    """``obj`` as one DCP item: DCP stores a BytesIO's bytes as they are."""
+    """``obj`` as one DCP item: DCP stores a BytesIO's bytes as they are (and reads them back
+    into the BytesIO given to ``dcp.load``)."""
     buffer = io.BytesIO()
     torch.save(obj, buffer)
     buffer.seek(0)
     return buffer
+
+
+def _unblob(buffer: io.BytesIO) -> Any:
+    """What :func:`_blob` stored: plain containers and tensors only, so ``weights_only``."""
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=True)
+
+
+def _load(state: dict[str, Any], path: Path, **kwargs: Any) -> None:
+    """``dcp.load``, without its warning that a process outside a process group reads alone."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, checkpoint_id=path, **kwargs)
 
 
 def _failure(error: CheckpointException) -> str:
@@ -105,11 +120,11 @@ def read_sharded(path: Path) -> dict[str, Any]:
     alone; an ``UnreadableCheckpointError`` for a directory DCP cannot read."""
     state = {"train": io.BytesIO()}
     try:
-        dcp.load(state, checkpoint_id=path, no_dist=True)
+        _load(state, path, no_dist=True)
+        train = _unblob(state["train"])
     except (Exception, CheckpointException) as e:
         reason = _failure(e) if isinstance(e, CheckpointException) else f"{type(e).__name__}: {e}".splitlines()[0]
         raise UnreadableCheckpointError(f"{path}: not a readable distributed checkpoint ({reason})") from None
-    train = state["train"]
     if not isinstance(train, dict) or train.get("format") != SHARDED_FORMAT:
         raise CheckpointError(f"{path}: not an adahop distributed checkpoint of format {SHARDED_FORMAT}")
     return train
@@ -131,13 +146,13 @@ def load_sharded(
         "ranks": {str(r): io.BytesIO() for r in range(saved_world)},  # the same keys on every rank
     }
     try:
-        dcp.load(state, checkpoint_id=path)
+        _load(state, path)
         set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state)
     except CheckpointException as e:
         raise CheckpointError(f"{path}: its model or optimizer state does not fit this run ({_failure(e)})") from None
     except (KeyError, RuntimeError, ValueError) as e:
         raise CheckpointError(f"{path}: its model or optimizer state does not fit this run: {e}") from None
-    own = state["ranks"][str(rank % saved_world)]
+    own = _unblob(state["ranks"][str(rank % saved_world)])
     for name, layer in adahop_layers(model).items():
         layer.set_extra_state(own["layers"][name])
     loader.load_state_dict(own["data"])
