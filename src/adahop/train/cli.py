@@ -190,7 +190,9 @@ def _where(trainer: Trainer | None, cfg: TrainConfig) -> str:
     latest = latest_checkpoint(cfg.run_dir)
     if latest is None:
         return f"stopped {at}, with no checkpoint to resume from; delete {cfg.run_dir} and rerun to start over"
-    return f"stopped {at}; last checkpoint {latest}; continue with: adahop train --out {cfg.run_dir} --resume"
+    world = trainer.env.world_size if trainer is not None else 1
+    launch = f"torchrun --nproc-per-node={world} -m adahop train" if world > 1 else "adahop train"
+    return f"stopped {at}; last checkpoint {latest}; continue with: {launch} --out {cfg.run_dir} --resume"
 
 
 def _artefacts(run: Path) -> list[str]:
