@@ -22,7 +22,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from adahop.policy import LayerPlan, ModelPlan
-from adahop.train import Trainer, latest_checkpoint, load_config, read_metrics
+from adahop.nn import model_plan
+from adahop.train import Trainer, build_model_from_config, latest_checkpoint, load_checkpoint, load_config, read_metrics
 
 pytestmark = [
     pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available"),
@@ -114,15 +115,19 @@ NEAREST = ONE_BLOCK | {"recipe": "mxfp4_hadamard", "recipe__grad_rounding": "nea
 def runs(small_overrides, tmp_path_factory):
     """One process with nearest rounding; then one 2-rank spawn: the same run, a straight
     adahop_lv2 run (6 steps, 2 of calibration, a checkpoint every 2), that run cut off right
-    after its step-2 checkpoint (still calibrating: per-rank votes) and resumed, and a run
-    whose rank 1 fails in step 3 (last: its processes go on, but in a group of their own)."""
+    after its step-2 checkpoint (still calibrating: per-rank votes) and resumed, the
+    one-process run resumed on 2 ranks from its step-2 checkpoint, and a run whose rank 1 fails
+    in step 3 (last: its processes go on, but in a group of their own)."""
     root = tmp_path_factory.mktemp("dist")
     Trainer(load_config(None, small_overrides(root / "single", **NEAREST)), progress=False).train()  # caches the tokens
+    shutil.copytree(root / "single", root / "widened")
+    (root / "widened" / "checkpoints" / "step_0000004.pt").unlink()
     jobs = [
         {"argv": as_argv(small_overrides(root / "nearest", **NEAREST))},
         {"argv": as_argv(small_overrides(root / "straight", **ONE_BLOCK))},
         {"argv": as_argv(small_overrides(root / "resumed", **ONE_BLOCK)), "crash_after": 2},
         {"argv": ["--out", str(root / "resumed"), "--resume"]},
+        {"argv": ["--out", str(root / "widened"), "--resume"]},
         {"argv": as_argv(small_overrides(root / "failing", **ONE_BLOCK)), "fail_at": 3},
     ]
     return root, spawn(jobs, root / "logs")
@@ -169,6 +174,9 @@ def test_ranks_freeze_one_plan_from_merged_votes_and_save_it_once(runs):
     saved = ModelPlan.load(run / "plan.json").to_json()
     for state in rank_states(run / "checkpoints" / "step_0000006"):
         assert ModelPlan({name: LayerPlan.from_dict(layer["plan"]) for name, layer in state["layers"].items()}).to_json() == saved
+    model = build_model_from_config(load_config(run / "config.toml"))  # what `adahop analyze` does
+    assert load_checkpoint(run, model)["step"] == 6
+    assert model_plan(model).to_json() == saved
 
 
 def test_resume_on_two_ranks_is_bit_exact(runs):
@@ -200,13 +208,24 @@ def test_two_rank_checkpoint_resumes_on_one_process(runs, small_overrides, tmp_p
     assert steps == {6}  # AdamW's moments came from the checkpoint, then took 2 steps
 
 
+def test_one_process_checkpoint_resumes_on_two_ranks(runs):
+    """Every rank reads the whole single-process file and keeps its shards (AdamW's moments
+    too); the 2 ranks then train steps 3 and 4 as the one process did (see TOLERANCE)."""
+    root, results = runs
+    assert [status for status, _ in results[4]] == [0, 0], results[4]
+    assert [loss for _, _, loss in losses(root / "widened")] == pytest.approx(
+        [loss for _, _, loss in losses(root / "single")], rel=TOLERANCE
+    )
+    assert latest_checkpoint(root / "widened").name == "step_0000004"  # now sharded
+
+
 def test_one_rank_failing_stops_both_with_one_message(runs):
     """Rank 1 fails before the forward of step 3 while rank 0 waits for it in FSDP's all-gather:
     rank 1 reports, leaves the process group, and rank 0's collective fails, so rank 0 stops too,
     silently; the step-2 checkpoint stays the latest."""
     root, results = runs
     run = root / "failing"
-    [(status0, err0), (status1, err1)] = results[4]
+    [(status0, err0), (status1, err1)] = results[5]
     assert (status0, status1) == (1, 1)
     assert "error:" not in err0 and "Traceback" not in err0, err0
     lines = [line for line in err1.splitlines() if "error:" in line]

@@ -137,7 +137,7 @@ def prune_checkpoints(run_dir: str | Path, keep_last: int) -> None:
 def resolve_checkpoint(path_or_run_dir: str | Path) -> Path:
     """A checkpoint file, or the latest checkpoint of a run directory."""
     path = Path(path_or_run_dir)
-    if path.is_dir():
+    if path.is_dir() and not _NAME.match(path.name):  # a run directory, not a sharded checkpoint
         latest = latest_checkpoint(path)
         if latest is None:
             raise CheckpointError(f"{path}: no checkpoints in {path / CHECKPOINT_DIR}")
@@ -223,18 +223,29 @@ def load_checkpoint(
     config: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Restore ``model`` (and whichever of optimizer, scheduler, data loader are given) from a
-    checkpoint file or the latest checkpoint of a run directory; returns the checkpoint dict
-    (``step``, ``config``, ``rng``, ...) with ``path`` added.
+    checkpoint (a file, or a multi-process run's sharded directory) or the latest checkpoint of
+    a run directory; returns the checkpoint dict (``step``, ``config``, ``rng``, ...) with
+    ``path`` added. A sharded checkpoint is gathered into whole tensors in one process.
 
     ``config`` (a ``TrainConfig.to_dict()``) makes a checkpoint written for another model
     preset or recipe an error instead of a confusing shape mismatch. The caller restores the
     random generators with ``set_rng_state(state["rng"])`` when it continues training.
     """
     path = resolve_checkpoint(path_or_run_dir)
-    state = read_checkpoint(path)
-    if config is not None:
-        check_matches(path, state["config"], config)
-    restore_state(path, state, model, optimizer, scheduler, loader)
+    if path.is_dir():
+        from .sharded_checkpoint import load_sharded, read_sharded  # that module builds on this one
+
+        state = read_sharded(path)
+        if config is not None:
+            check_matches(path, state["config"], config)
+        state["rng"] = load_sharded(path, state, model, optimizer, loader)["rng"]
+        if scheduler is not None:
+            scheduler.load_state_dict(state["scheduler"])
+    else:
+        state = read_checkpoint(path)
+        if config is not None:
+            check_matches(path, state["config"], config)
+        restore_state(path, state, model, optimizer, scheduler, loader)
     state["path"] = path
     return state
 

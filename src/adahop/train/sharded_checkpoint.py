@@ -14,7 +14,9 @@ Atomic: the ranks write into ``.step_XXXXXXX.tmp``, which rank 0 renames to its 
 DCP has written the metadata, so a checkpoint cut short is never taken as the latest.
 
 Resuming on M ranks a checkpoint written by N: DCP reshards model and optimizer; rank r takes
-the per-rank state of rank r mod N. The data position counts global batches (see
+the per-rank state of rank r mod N (so every rank has as many calibration votes as the others
+and all freeze at the same step). A single-process checkpoint resumes on M ranks through
+:func:`load_full`. The data position counts global batches (see
 ``adahop.data.loader``), so the run continues on exactly the next batches; on the same number
 of ranks it continues bit for bit (on CPU).
 """
@@ -34,7 +36,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint import CheckpointException
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from ..atomic import publish_dir
 from ..nn import adahop_layers
@@ -131,23 +133,27 @@ def read_sharded(path: Path) -> dict[str, Any]:
 
 
 def load_sharded(
-    path: Path, train: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer, loader: Any
-) -> None:
-    """Restore model, optimizer, data position, random generators and layer plans from a
-    sharded checkpoint (``train``: its :func:`read_sharded`), on any number of ranks (on one
-    process too: DCP then reads whole tensors). A collective when distributed."""
-    distributed = dist.is_initialized()
-    rank = dist.get_rank() if distributed else 0
+    path: Path,
+    train: dict[str, Any],
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    loader: Any | None = None,
+) -> dict[str, Any]:
+    """Restore the model with its layer plans and votes (and the optimizer and data position,
+    when given) from a sharded checkpoint (``train``: its :func:`read_sharded`), on any number
+    of ranks (on one process too: DCP then reads whole tensors). A collective when distributed.
+    Returns the per-rank entry this rank takes (``rng``, ``data``, ``layers``); the caller
+    restores the random generators."""
+    rank = dist.get_rank() if dist.is_initialized() else 0
     saved_world = train["world_size"]
     model_state, optim_state = _model_state(model, optimizer)
-    state = {
-        "model": model_state,
-        "optimizer": optim_state,
-        "ranks": {str(r): io.BytesIO() for r in range(saved_world)},  # the same keys on every rank
-    }
+    state = {"model": model_state, "ranks": {str(r): io.BytesIO() for r in range(saved_world)}}  # same keys on every rank
+    if optimizer is not None:
+        state["optimizer"] = optim_state
     try:
         _load(state, path)
-        set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state)
+        optimizers = [] if optimizer is None else optimizer
+        set_state_dict(model, optimizers, model_state_dict=model_state, optim_state_dict=state.get("optimizer", {}))
     except CheckpointException as e:
         raise CheckpointError(f"{path}: its model or optimizer state does not fit this run ({_failure(e)})") from None
     except (KeyError, RuntimeError, ValueError) as e:
@@ -155,11 +161,43 @@ def load_sharded(
     own = _unblob(state["ranks"][str(rank % saved_world)])
     for name, layer in adahop_layers(model).items():
         layer.set_extra_state(own["layers"][name])
-    loader.load_state_dict(own["data"])
-    if rank < saved_world:
+    if loader is not None:
+        loader.load_state_dict(own["data"])
+    return own
+
+
+def load_full(path: Path, state: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer, loader: Any) -> None:
+    """Restore a single-process checkpoint (``state``: its ``read_checkpoint``) into a sharded
+    model on every rank: each rank reads the whole file and keeps its shards. Every rank takes
+    the one process's calibration votes (merged at the freeze they pick the same majorities)."""
+    names = {id(p): name for name, p in model.named_parameters()}
+    # build_optimizer numbers the same parameters in the same order on one process and on many
+    order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    saved = state["optimizer"]
+    groups = [  # the hyperparameters this optimizer has (the schedule adds initial_lr later)
+        {**{k: v for k, v in group.items() if k in current}, "params": [order[i] for i in group["params"]]}
+        for group, current in zip(saved["param_groups"], optimizer.param_groups)
+    ]
+    optim_state = {"state": {order[i]: s for i, s in saved["state"].items()}, "param_groups": groups}
+    try:
+        set_state_dict(
+            model, optimizer, model_state_dict=state["model"], optim_state_dict=optim_state,
+            options=StateDictOptions(full_state_dict=True),
+        )
+    except (KeyError, IndexError, RuntimeError, ValueError) as e:
+        raise CheckpointError(f"{path}: its model or optimizer state does not fit this run: {e}") from None
+    loader.load_state_dict(state["data"])
+
+
+def restore_rng(own: dict[str, Any], train: dict[str, Any]) -> None:
+    """Set this rank's random generators from its entry (:func:`load_sharded`); a rank the
+    checkpoint did not have (more ranks than wrote it) gets fresh ones, distinct per rank and step."""
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    if rank < train["world_size"]:
         set_rng_state(own["rng"])
-    else:  # a rank the checkpoint did not have: fresh generators, distinct per rank and step
-        torch.manual_seed(int(np.random.SeedSequence([train["config"]["training"]["seed"], rank, train["step"]]).generate_state(1)[0]))
+    else:
+        seed = np.random.SeedSequence([train["config"]["training"]["seed"], rank, train["step"]]).generate_state(1)[0]
+        torch.manual_seed(int(seed))
 
 
 def remove_partial_checkpoints(run_dir: str | Path) -> list[Path]:

@@ -58,7 +58,14 @@ from .distributed import ParallelEnv, PeerFailedError, all_ranks_mean, gather_fl
 from .graphs import GraphedMicroStep
 from .metrics import METRICS_FILE, PLOT_FILE, MetricsLogger, peak_memory_mib, plot_losses, read_metrics
 from .optim import apply_hyperparameters, build_lr_scheduler, build_optimizer
-from .sharded_checkpoint import load_sharded, read_sharded, remove_partial_checkpoints, save_sharded
+from .sharded_checkpoint import (
+    load_full,
+    load_sharded,
+    read_sharded,
+    remove_partial_checkpoints,
+    restore_rng,
+    save_sharded,
+)
 
 log = logging.getLogger(__name__)
 
@@ -203,12 +210,10 @@ class Trainer:
 
     def _resume_from(self, path: Path, state: dict) -> None:
         if path.is_dir():
-            load_sharded(path, state, self.model, self.optimizer, self.data.train)
-        elif self.env.distributed:
-            raise CheckpointError(
-                f"{path} was written by a single process; resume it with one process "
-                "(no torchrun), which then writes checkpoints that any number of ranks resume"
-            )
+            restore_rng(load_sharded(path, state, self.model, self.optimizer, self.data.train), state)
+        elif self.env.distributed:  # written by one process
+            load_full(path, state, self.model, self.optimizer, self.data.train)
+            restore_rng(state, {**state, "world_size": 1})
         else:
             restore_state(path, state, self.model, self.optimizer, None, self.data.train)
             set_rng_state(state["rng"])
