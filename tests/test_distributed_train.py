@@ -28,6 +28,7 @@ from adahop.train import Trainer, build_model_from_config, latest_checkpoint, lo
 pytestmark = [
     pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available"),
     pytest.mark.usefixtures("one_thread"),
+    pytest.mark.filterwarnings("ignore:torch.distributed is disabled"),  # DCP read by the test process alone
 ]
 WORLD = 2
 TOLERANCE = 1e-4  # relative, 2 ranks against 1 process: see the first test
@@ -108,6 +109,7 @@ def train_losses(run: Path) -> list[float]:
 ONE_BLOCK = {"model__overrides__n_layers": 1}
 # mxfp4_hadamard quantizes every GEMM from step 1; dY rounds to nearest, so the 2-rank run can be
 # compared with one process (stochastic rounding draws its noise per rank).
+DIVERGING = {"recipe": "bf16", "optim__lr": 1e6, "optim__warmup_steps": 0}
 NEAREST = ONE_BLOCK | {"recipe": "mxfp4_hadamard", "recipe__grad_rounding": "nearest", "training__steps": 4}
 
 
@@ -116,8 +118,8 @@ def runs(small_overrides, tmp_path_factory):
     """One process with nearest rounding; then one 2-rank spawn: the same run, a straight
     adahop_lv2 run (6 steps, 2 of calibration, a checkpoint every 2), that run cut off right
     after its step-2 checkpoint (still calibrating: per-rank votes) and resumed, the
-    one-process run resumed on 2 ranks from its step-2 checkpoint, and a run whose rank 1 fails
-    in step 3 (last: its processes go on, but in a group of their own)."""
+    one-process run resumed on 2 ranks from its step-2 checkpoint, a run whose loss diverges,
+    and one whose rank 1 fails in step 3 (last: its processes go on, but in a group of their own)."""
     root = tmp_path_factory.mktemp("dist")
     Trainer(load_config(None, small_overrides(root / "single", **NEAREST)), progress=False).train()  # caches the tokens
     shutil.copytree(root / "single", root / "widened")
@@ -128,6 +130,7 @@ def runs(small_overrides, tmp_path_factory):
         {"argv": as_argv(small_overrides(root / "resumed", **ONE_BLOCK)), "crash_after": 2},
         {"argv": ["--out", str(root / "resumed"), "--resume"]},
         {"argv": ["--out", str(root / "widened"), "--resume"]},
+        {"argv": as_argv(small_overrides(root / "diverging", **ONE_BLOCK, **DIVERGING))},
         {"argv": as_argv(small_overrides(root / "failing", **ONE_BLOCK)), "fail_at": 3},
     ]
     return root, spawn(jobs, root / "logs")
@@ -219,13 +222,23 @@ def test_one_process_checkpoint_resumes_on_two_ranks(runs):
     assert latest_checkpoint(root / "widened").name == "step_0000004"  # now sharded
 
 
+def test_a_diverging_loss_stops_every_rank_with_one_message(runs):
+    """Every rank sees the same loss (averaged over ranks) and gradient norm, so all stop before
+    the same update; rank 0 reports."""
+    root, results = runs
+    assert [status for status, _ in results[5]] == [1, 1]
+    lines = [line for _, err in results[5] for line in err.splitlines() if "error:" in line]
+    assert len(lines) == 1 and "Traceback" not in results[5][0][1] + results[5][1][1]
+    assert lines[0].startswith("adahop train: error: ") and "at step 2 with recipe 'bf16'" in lines[0], lines
+
+
 def test_one_rank_failing_stops_both_with_one_message(runs):
     """Rank 1 fails before the forward of step 3 while rank 0 waits for it in FSDP's all-gather:
     rank 1 reports, leaves the process group, and rank 0's collective fails, so rank 0 stops too,
     silently; the step-2 checkpoint stays the latest."""
     root, results = runs
     run = root / "failing"
-    [(status0, err0), (status1, err1)] = results[5]
+    [(status0, err0), (status1, err1)] = results[6]
     assert (status0, status1) == (1, 1)
     assert "error:" not in err0 and "Traceback" not in err0, err0
     lines = [line for line in err1.splitlines() if "error:" in line]
