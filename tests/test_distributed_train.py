@@ -246,3 +246,20 @@ def test_one_rank_failing_stops_both_with_one_message(runs):
     assert lines[0].startswith("adahop train: error: rank 1: RuntimeError: simulated fault on rank 1; stopped at step 2 of 6")
     assert f"last checkpoint {run / 'checkpoints' / 'step_0000002'}" in lines[0]
     assert latest_checkpoint(run).name == "step_0000002"
+
+
+def test_a_cut_short_sharded_write_is_never_the_latest(runs, small_overrides, tmp_path, caplog):
+    """A killed write leaves ``.step_N.tmp/`` (never listed; removed by the next run), and a
+    checkpoint directory DCP cannot read is renamed aside for the one before."""
+    root, _ = runs
+    run = tmp_path / "run"
+    shutil.copytree(root / "straight", run)
+    partial = run / "checkpoints" / ".step_0000008.tmp"
+    partial.mkdir()
+    (partial / "__0_0.distcp").write_bytes(b"half")
+    (run / "checkpoints" / "step_0000006" / ".metadata").unlink()
+    assert latest_checkpoint(run).name == "step_0000006"
+    with caplog.at_level("INFO", logger="adahop"):
+        trainer = Trainer(load_config(None, small_overrides(run, **ONE_BLOCK, training__steps=7)), resume=True, progress=False)
+    assert trainer.step == 4 and "not a readable distributed checkpoint" in caplog.text
+    assert not partial.exists() and (run / "checkpoints" / "step_0000006.corrupt").is_dir()

@@ -84,6 +84,17 @@ def process_group(device: str = "auto") -> Iterator[ParallelEnv]:
         dist.destroy_process_group()
 
 
+@contextlib.contextmanager
+def main_rank_first(env: ParallelEnv) -> Iterator[None]:
+    """Run the block on rank 0 first, then on the other ranks, which may read what it wrote. If
+    it fails on rank 0, rank 0 leaves the group and the others stop at the barrier."""
+    if env.distributed and not env.is_main:
+        dist.barrier()
+    yield
+    if env.distributed and env.is_main:
+        dist.barrier()
+
+
 def claim_failure() -> bool:
     """Record that this rank stopped on an error; True when it is the first rank to do so (it
     reports the error), False when another rank failed before it (or the run is gone)."""

@@ -54,7 +54,7 @@ from .checkpoint import (
     training_state,
 )
 from .config import ConfigError, TrainConfig
-from .distributed import ParallelEnv, PeerFailedError, all_ranks_mean, gather_floats, shard_model
+from .distributed import ParallelEnv, PeerFailedError, all_ranks_mean, gather_floats, main_rank_first, shard_model
 from .graphs import GraphedMicroStep
 from .metrics import METRICS_FILE, PLOT_FILE, MetricsLogger, peak_memory_mib, plot_losses, read_metrics
 from .optim import apply_hyperparameters, build_lr_scheduler, build_optimizer
@@ -103,11 +103,13 @@ class Trainer:
         self.env = env or ParallelEnv(resolve_device(cfg.training.device))
         self.cfg, self.run_dir, self.progress = cfg, cfg.run_dir, progress and self.env.is_main
         self.device = self.env.device
-        checkpoint = self._check_run_dir(resume)  # before the slow setup: every refusal comes first
-        # Model initialisation has its own seed; the global generators (stochastic rounding)
-        # differ per rank, so ranks round their shares with independent noise.
-        seed_everything(cfg.training.seed + self.env.rank)
-        self.data = self._build_data()
+        # Rank 0 first: it renames unreadable checkpoints aside and fills the tokenizer cache.
+        with main_rank_first(self.env):
+            checkpoint = self._check_run_dir(resume)  # before the slow setup: every refusal comes first
+            # Model initialisation has its own seed; the global generators (stochastic rounding)
+            # differ per rank, so ranks round their shares with independent noise.
+            seed_everything(cfg.training.seed + self.env.rank)
+            self.data = build_data(cfg, self.progress, rank=self.env.rank, world_size=self.env.world_size)
         self.model = build_model_from_config(cfg, self.device)
         if self.env.distributed:
             shard_model(self.model, self.device)
@@ -125,16 +127,6 @@ class Trainer:
             for path in stale + remove_partial_checkpoints(self.run_dir):
                 log.info("removed %s, left by an interrupted write", path)
             write_atomic(self.run_dir / CONFIG_FILE, cfg.to_toml())
-
-    def _build_data(self):
-        """This rank's data; the main rank tokenizes (and caches) first, the others then read its cache."""
-        env = self.env
-        if env.distributed and not env.is_main:
-            torch.distributed.barrier()
-        data = build_data(self.cfg, self.progress, rank=env.rank, world_size=env.world_size)
-        if env.distributed and env.is_main:
-            torch.distributed.barrier()
-        return data
 
     # ---- run directory and checkpoints --------------------------------------------------------
     def _check_run_dir(self, resume: bool) -> tuple[Path, dict] | None:
@@ -183,8 +175,7 @@ class Trainer:
                 return path, read_sharded(path) if path.is_dir() else read_checkpoint(path)
             except UnreadableCheckpointError as e:
                 aside = path.with_name(path.name + CORRUPT_SUFFIX)
-                if self.env.is_main:  # every rank reads the same files; one renames
-                    path.rename(aside)
+                path.rename(aside)  # by rank 0: the other ranks list the checkpoints after it
                 log.warning("warning: %s; renamed it to %s and trying the one before", e, aside.name)
         raise CheckpointError(
             f"no readable checkpoint left in {self.run_dir / CHECKPOINT_DIR}; start a new run with another --out"
