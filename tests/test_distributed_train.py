@@ -21,9 +21,16 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from adahop.policy import LayerPlan, ModelPlan
 from adahop.nn import model_plan
-from adahop.train import Trainer, build_model_from_config, latest_checkpoint, load_checkpoint, load_config, read_metrics
+from adahop.policy import LayerPlan, ModelPlan
+from adahop.train import (
+    Trainer,
+    build_model_from_config,
+    latest_checkpoint,
+    load_checkpoint,
+    load_config,
+    read_metrics,
+)
 
 pytestmark = [
     pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available"),
@@ -61,12 +68,12 @@ def run_rank(rank: int, jobs: list[dict], logs: str) -> None:
     for i, job in enumerate(jobs):
         os.environ["MASTER_PORT"] = str(job["port"])
 
-        def save_then_crash(path, **kwargs):
+        def save_then_crash(path, job=job, **kwargs):
             save_sharded(path, **kwargs)
             if kwargs["step"] == job.get("crash_after"):
                 raise Interrupted
 
-        def fail_on_rank_1(self, inputs, targets):
+        def fail_on_rank_1(self, inputs, targets, job=job):
             if rank == 1 and self.step + 1 == job.get("fail_at"):
                 raise RuntimeError("simulated fault on rank 1")
             return micro_step(self, inputs, targets)
@@ -225,7 +232,7 @@ def test_one_process_checkpoint_resumes_on_two_ranks(runs):
 def test_a_diverging_loss_stops_every_rank_with_one_message(runs):
     """Every rank sees the same loss (averaged over ranks) and gradient norm, so all stop before
     the same update; rank 0 reports."""
-    root, results = runs
+    _, results = runs
     assert [status for status, _ in results[5]] == [1, 1]
     lines = [line for _, err in results[5] for line in err.splitlines() if "error:" in line]
     assert len(lines) == 1 and "Traceback" not in results[5][0][1] + results[5][1][1]
