@@ -8,8 +8,10 @@ those variables (or with ``WORLD_SIZE=1``) nothing here runs and the trainer is 
 
 When one rank stops on an error its peers must not wait for it in a collective forever. The
 rank that fails first claims the failure in the process group's store and reports it; leaving
-the group then breaks the collectives its peers wait in, and they stop quietly
-(:func:`claim_failure` returns False for them), so a failed run prints one message.
+the group then breaks the collectives its peers wait in (gloo notices at once), and they stop
+quietly (:func:`claim_failure` returns False for them), so a failed run prints one message.
+An nccl collective does not notice a peer leaving; there torchrun, seeing a rank exit with an
+error, stops the others.
 """
 
 from __future__ import annotations
@@ -100,7 +102,7 @@ def claim_failure() -> bool:
     reports the error), False when another rank failed before it (or the run is gone)."""
     try:
         return dist.distributed_c10d._get_default_store().add(_FAILED_KEY, 1) == 1
-    except Exception:  # the store's host has exited: a peer stopped first
+    except (RuntimeError, ValueError):  # the store's host has exited (or the group): a peer stopped first
         return False
 
 

@@ -124,7 +124,7 @@ def read_sharded(path: Path) -> dict[str, Any]:
     try:
         _load(state, path, no_dist=True)
         train = _unblob(state["train"])
-    except (Exception, CheckpointException) as e:
+    except (Exception, CheckpointException) as e:  # no metadata, truncated shards, foreign files: all unreadable
         reason = _failure(e) if isinstance(e, CheckpointException) else f"{type(e).__name__}: {e}".splitlines()[0]
         raise UnreadableCheckpointError(f"{path}: not a readable distributed checkpoint ({reason})") from None
     if not isinstance(train, dict) or train.get("format") != SHARDED_FORMAT:
