@@ -9,12 +9,14 @@ so the processes start (and import torch) once per test module, not once per run
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import socket
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -59,6 +61,8 @@ def free_port() -> int:
 def run_rank(rank: int, jobs: list[dict], logs: str) -> None:
     """Rank ``rank``'s side of each job: ``main(job["argv"])`` under torchrun's variables, its
     stderr (file descriptor 2, so gloo's C++ messages too) and exit status kept in ``logs``."""
+    from torch.distributed.checkpoint import FileSystemWriter
+
     from adahop.train import trainer as trainer_module
     from adahop.train.cli import main
 
@@ -69,6 +73,9 @@ def run_rank(rank: int, jobs: list[dict], logs: str) -> None:
         os.environ["MASTER_PORT"] = str(job["port"])
 
         def save_then_crash(path, job=job, **kwargs):
+            if rank == 1 and kwargs["step"] == job.get("full_disk_at"):
+                with mock.patch.object(FileSystemWriter, "write_data", side_effect=OSError(errno.ENOSPC, "No space left on device")):
+                    return save_sharded(path, **kwargs)
             save_sharded(path, **kwargs)
             if kwargs["step"] == job.get("crash_after"):
                 raise Interrupted
@@ -126,7 +133,7 @@ def runs(small_overrides, tmp_path_factory):
     adahop_lv2 run (6 steps, 2 of calibration, a checkpoint every 2), that run cut off right
     after its step-2 checkpoint (still calibrating: per-rank votes) and resumed, the
     one-process run resumed on 2 ranks from its step-2 checkpoint, a run whose loss diverges,
-    and one whose rank 1 fails in step 3 (last: its processes go on, but in a group of their own)."""
+    one whose rank 1 finds the disk full at the step-4 checkpoint, and one whose rank 1 fails in step 3 (last: its processes go on, but in a group of their own)."""
     root = tmp_path_factory.mktemp("dist")
     Trainer(load_config(None, small_overrides(root / "single", **NEAREST)), progress=False).train()  # caches the tokens
     shutil.copytree(root / "single", root / "widened")
@@ -138,6 +145,7 @@ def runs(small_overrides, tmp_path_factory):
         {"argv": ["--out", str(root / "resumed"), "--resume"]},
         {"argv": ["--out", str(root / "widened"), "--resume"]},
         {"argv": as_argv(small_overrides(root / "diverging", **ONE_BLOCK, **DIVERGING))},
+        {"argv": as_argv(small_overrides(root / "full_disk", **ONE_BLOCK)), "full_disk_at": 4},
         {"argv": as_argv(small_overrides(root / "failing", **ONE_BLOCK)), "fail_at": 3},
     ]
     return root, spawn(jobs, root / "logs")
@@ -241,13 +249,27 @@ def test_a_diverging_loss_stops_every_rank_with_one_message(runs):
     assert lines[0].startswith("adahop train: error: ") and "at step 2 with recipe 'bf16'" in lines[0], lines
 
 
+def test_a_failed_sharded_write_stops_every_rank_and_keeps_the_last_checkpoint(runs):
+    """DCP gathers rank 1's error onto every rank; the directory it was writing is never renamed
+    into place, so step 2 stays the latest."""
+    root, results = runs
+    run = root / "full_disk"
+    assert [status for status, _ in results[6]] == [1, 1]
+    lines = [line for _, err in results[6] for line in err.splitlines() if "error:" in line]
+    assert len(lines) == 1, results[6]
+    assert f"{run / 'checkpoints' / 'step_0000004'}: writing the checkpoint failed on rank 1: OSError" in lines[0]
+    assert "No space left on device" in lines[0]
+    assert latest_checkpoint(run).name == "step_0000002"
+    assert (run / "checkpoints" / ".step_0000004.tmp").is_dir()  # removed when the run resumes
+
+
 def test_one_rank_failing_stops_both_with_one_message(runs):
     """Rank 1 fails before the forward of step 3 while rank 0 waits for it in FSDP's all-gather:
     rank 1 reports, leaves the process group, and rank 0's collective fails, so rank 0 stops too,
     silently; the step-2 checkpoint stays the latest."""
     root, results = runs
     run = root / "failing"
-    [(status0, err0), (status1, err1)] = results[6]
+    [(status0, err0), (status1, err1)] = results[7]
     assert (status0, status1) == (1, 1)
     assert "error:" not in err0 and "Traceback" not in err0, err0
     lines = [line for line in err1.splitlines() if "error:" in line]
