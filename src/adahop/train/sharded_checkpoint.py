@@ -91,7 +91,8 @@ def save_sharded(
     config: dict[str, Any],
 ) -> Path:
     """Write the checkpoint of a distributed run after ``step`` steps; a collective (every rank
-    calls it). A failed write on any rank raises a ``CheckpointError`` on every rank."""
+    calls it). A failed write on any rank raises on every rank: an ``OSError`` naming ``path``
+    for a failed file operation, else a ``CheckpointError``."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
     model_state, optim_state = _model_state(model, optimizer)
     layers = {name: layer.get_extra_state() for name, layer in adahop_layers(model).items()}
@@ -110,6 +111,9 @@ def save_sharded(
     try:
         dcp.save(state, checkpoint_id=tmp)
     except CheckpointException as e:
+        rank, (error, _) = min(e.failures.items())
+        if isinstance(error, OSError):  # a full disk, a lost directory: said as for one process
+            raise OSError(error.errno, f"{error.strerror or error} (on rank {rank})", str(path)) from None
         raise CheckpointError(f"{path}: writing the checkpoint failed on {_failure(e)}") from None
     if rank == 0:
         publish_dir(tmp, path)
