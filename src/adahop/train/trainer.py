@@ -114,7 +114,7 @@ class Trainer:
         if self.env.distributed:
             shard_model(self.model, self.device)
             if cfg.training.cuda_graph and self.device.type == "cuda" and self.env.is_main:
-                log.info("training.cuda_graph is off on %d ranks (see _maybe_graph)", self.env.world_size)
+                log.info("training.cuda_graph is off on %d ranks: a graph would not capture FSDP's collectives", self.env.world_size)
         self.optimizer = build_optimizer(self.model, cfg.optim, self.device)
         self.layers = list(adahop_layers(self.model).values())
         self.tokens_per_step = cfg.data.batch_size * cfg.data.seq_len * cfg.training.grad_accum
