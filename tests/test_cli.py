@@ -19,6 +19,21 @@ def test_version(capsys):
     assert capsys.readouterr().out == f"adahop {adahop.__version__}\n"
 
 
+def test_python_dash_m_adahop_runs_the_command():
+    """``python -m adahop`` (what ``torchrun ... -m adahop train`` starts on every rank)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import adahop
+
+    src = str(Path(adahop.__file__).parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-m", "adahop", "--version"], env=env, capture_output=True, text=True)
+    assert (done.returncode, done.stdout) == (0, f"adahop {adahop.__version__}\n"), done.stderr
+
+
 def test_unknown_command_is_a_clear_error(capsys):
     assert main(["trian"]) == 2
     err = capsys.readouterr().err

@@ -229,6 +229,22 @@ def test_loader_resume_gives_identical_batches():
         assert got[0].equal(inputs) and got[1].equal(targets)
 
 
+def test_ranks_read_disjoint_shares_of_the_global_batch_and_share_a_position():
+    tokens = ramp(16 * 10 + 1)  # 10 windows, 2 batches of 4 per epoch: crosses epochs
+    single = BatchLoader(tokens, 4, 16, seed=7)
+    ranks = [BatchLoader(tokens, 4, 16, seed=7, rank=r, world_size=2) for r in range(2)]
+    for _ in range(5):
+        whole, halves = next(single), [next(r) for r in ranks]
+        assert all(h[0].shape == (2, 16) for h in halves)
+        assert torch.cat([h[0] for h in halves]).equal(whole[0]) and torch.cat([h[1] for h in halves]).equal(whole[1])
+    assert ranks[0].state_dict() == ranks[1].state_dict() == single.state_dict()  # global batches
+    moved = BatchLoader(tokens, 4, 16, seed=7, rank=1, world_size=2)
+    moved.load_state_dict(single.state_dict())  # a 1-process position, read by rank 1 of 2
+    assert next(moved)[0].equal(next(single)[0][2:])
+    with pytest.raises(ValueError, match=r"data.batch_size=4 \(the global batch\) does not split evenly over 3 ranks"):
+        BatchLoader(tokens, 4, 16, rank=0, world_size=3)
+
+
 def test_loader_rejects_a_mismatched_state():
     loader = BatchLoader(ramp(1000), 2, 16)
     state = loader.state_dict()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -50,6 +51,20 @@ def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
     """Replace ``path`` by ``data`` (text is written as UTF-8) atomically."""
     with atomic_file(path) as f:
         f.write(data.encode() if isinstance(data, str) else data)
+
+
+def publish_dir(tmp: str | os.PathLike, path: str | os.PathLike) -> None:
+    """Move the finished directory ``tmp`` to ``path`` (a sibling) by renaming it; an existing
+    ``path`` is first renamed aside to ``.NAME.old`` and deleted after, so at every moment
+    ``path`` is either absent, the old directory or the new one, never a partial one."""
+    tmp, path = Path(tmp), Path(path)
+    old = path.with_name(f".{path.name}.old")
+    if path.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        path.rename(old)
+    tmp.rename(path)
+    _fsync_dir(path.parent)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def save_figure(fig: Any, path: str | os.PathLike, **savefig_kwargs: Any) -> None:

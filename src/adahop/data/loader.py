@@ -4,6 +4,11 @@ The array is cut into non-overlapping windows of ``seq_len + 1`` tokens (neighbo
 token: the last target of one is the first input of the next). Each epoch visits every window
 once in an order drawn from ``(seed, epoch)`` alone, so the data position is two integers and a
 resumed run draws exactly the batches the uninterrupted run would have.
+
+Data-parallel ranks share one order: ``batch_size`` is the global batch, and rank r of W takes
+rows [r b, (r + 1) b) of it (b = batch_size / W). The shares are disjoint, together they are
+the single-process batch, and the position counts global batches, so it means the same on any
+number of ranks.
 """
 
 from __future__ import annotations
@@ -28,9 +33,16 @@ def num_windows(tokens: np.ndarray, seq_len: int) -> int:
 
 class BatchLoader:
     """Shuffled training batches, an endless iterator; the partial batch at the end of an
-    epoch is dropped."""
+    epoch is dropped. With ``world_size > 1`` it yields rank ``rank``'s share of each batch."""
 
-    def __init__(self, tokens: np.ndarray, batch_size: int, seq_len: int, seed: int = 0) -> None:
+    def __init__(
+        self, tokens: np.ndarray, batch_size: int, seq_len: int, seed: int = 0, *, rank: int = 0, world_size: int = 1
+    ) -> None:
+        if batch_size % world_size:
+            raise ValueError(
+                f"data.batch_size={batch_size} (the global batch) does not split evenly over {world_size} ranks; "
+                f"use a multiple of {world_size}"
+            )
         n = num_windows(tokens, seq_len)
         if n < batch_size:
             raise ValueError(
@@ -38,6 +50,8 @@ class BatchLoader:
                 f"fewer than one batch of {batch_size}; use more data or a smaller batch"
             )
         self.tokens, self.batch_size, self.seq_len, self.seed = tokens, batch_size, seq_len, seed
+        share = batch_size // world_size
+        self._rows = slice(rank * share, (rank + 1) * share)  # this rank's rows of a batch
         self.epoch, self.position = 0, 0  # the next batch starts at order[position]
         self._order = self._epoch_order(0)
 
@@ -53,7 +67,7 @@ class BatchLoader:
         if self.position + self.batch_size > len(self._order):
             self.epoch, self.position = self.epoch + 1, 0
             self._order = self._epoch_order(self.epoch)
-        picked = self._order[self.position : self.position + self.batch_size]
+        picked = self._order[self.position : self.position + self.batch_size][self._rows]
         self.position += self.batch_size
         return windows(self.tokens, picked * self.seq_len, self.seq_len)
 

@@ -1,17 +1,20 @@
 """``adahop train``: pretrain a Llama-style model with a low-precision recipe.
 
-| module          | what                                                              |
-|-----------------|-------------------------------------------------------------------|
-| `config`        | `TrainConfig` (nested dataclasses), TOML in and out, overrides    |
-| `builders`      | the device, the converted model and the data a config describes   |
-| `optim`         | AdamW and the warmup + cosine schedule                            |
-| `checkpoint`    | atomic, exactly resumable checkpoints                             |
-| `metrics`       | `metrics.jsonl`, TensorBoard, `loss.png`                          |
-| `trainer`       | the loop                                                          |
-| `cli`           | the command line                                                  |
+| module               | what                                                            |
+|----------------------|-----------------------------------------------------------------|
+| `config`             | `TrainConfig` (nested dataclasses), TOML in and out, overrides  |
+| `builders`           | the device, the converted model and the data a config describes |
+| `optim`              | AdamW and the warmup + cosine schedule                          |
+| `checkpoint`         | atomic, exactly resumable checkpoints                           |
+| `distributed`        | torchrun's process group, FSDP2 sharding, failures across ranks |
+| `sharded_checkpoint` | the checkpoints of a multi-process run (DCP)                    |
+| `metrics`            | `metrics.jsonl`, TensorBoard, `loss.png`                        |
+| `trainer`            | the loop                                                        |
+| `cli`                | the command line                                                |
 
 A run directory holds ``config.toml``, ``metrics.jsonl``, ``plan.json``, ``tb/``,
-``checkpoints/step_XXXXXXX.pt`` and ``loss.png``. To read a run back::
+``checkpoints/step_XXXXXXX.pt`` (``step_XXXXXXX/`` directories when trained on several ranks)
+and ``loss.png``. To read a run back::
 
     cfg = load_config(run_dir / "config.toml")
     model = build_model_from_config(cfg)

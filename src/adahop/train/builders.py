@@ -65,8 +65,10 @@ class TrainData:
     source: str  # human-readable name of the data source
 
 
-def build_data(cfg: TrainConfig, progress: bool = True) -> TrainData:
-    """Tokenizer and train/validation batches for ``cfg.data`` (tokenized once, then cached)."""
+def build_data(cfg: TrainConfig, progress: bool = True, *, rank: int = 0, world_size: int = 1) -> TrainData:
+    """Tokenizer and train/validation batches for ``cfg.data`` (tokenized once, then cached);
+    the training batches are rank ``rank``'s share of each global batch of ``world_size`` ranks.
+    Every rank sees all validation batches (each forward of a sharded model needs every rank)."""
     d = cfg.data
     tokens = prepare_data(d.source, d.vocab_size, d.val_fraction, progress=progress)
     if num_windows(tokens.val, d.seq_len) == 0:  # fail now, not at the first validation
@@ -74,6 +76,6 @@ def build_data(cfg: TrainConfig, progress: bool = True) -> TrainData:
             f"the validation split of {tokens.source} has {len(tokens.val)} tokens, fewer than "
             f"seq_len + 1 = {d.seq_len + 1}; raise data.val_fraction or use more data"
         )
-    train = BatchLoader(tokens.train, d.batch_size, d.seq_len, seed=cfg.training.seed)
+    train = BatchLoader(tokens.train, d.batch_size, d.seq_len, seed=cfg.training.seed, rank=rank, world_size=world_size)
     val = ValidationSet(tokens.val, d.batch_size, d.seq_len, cfg.logging.val_batches)
     return TrainData(tokens.tokenizer, train, val, tokens.source)

@@ -15,6 +15,9 @@ A checkpoint is one ``torch.save`` file, ``<run_dir>/checkpoints/step_XXXXXXX.pt
 It is written to a temporary file in the same directory, flushed to disk and then renamed over
 the final name, so a crash mid-write leaves the previous checkpoints as they were. Only plain
 containers and tensors are stored, so loading uses ``weights_only=True``.
+
+A multi-process run writes sharded checkpoints instead, directories ``step_XXXXXXX/`` (see
+``sharded_checkpoint``); both kinds count as the run's checkpoints, ordered by step.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import pickle
 import random
 import re
+import shutil
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -34,7 +38,7 @@ from ..atomic import atomic_file
 
 CHECKPOINT_FORMAT = 1
 CHECKPOINT_DIR = "checkpoints"
-_NAME = re.compile(r"^step_(\d+)\.pt$")
+_NAME = re.compile(r"^step_(\d+)(\.pt)?$")  # a file, or a sharded checkpoint's directory
 _ZIP_MAGIC = b"PK\x03\x04"  # torch.save writes a zip archive
 REQUIRED_KEYS = ("format", "step", "model", "optimizer", "scheduler", "data", "rng", "config")
 MATCHING_SECTIONS = ("model", "recipe", "data")  # a resumed run must not change these,
@@ -55,11 +59,11 @@ def checkpoint_path(run_dir: str | Path, step: int) -> Path:
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
-    """The run's checkpoints, oldest first."""
+    """The run's checkpoints (files and sharded directories), oldest first."""
     directory = Path(run_dir) / CHECKPOINT_DIR
     if not directory.is_dir():
         return []
-    found = [(int(m[1]), p) for p in directory.iterdir() if (m := _NAME.match(p.name))]
+    found = [(int(m[1]), p) for p in directory.iterdir() if (m := _NAME.match(p.name)) and p.is_dir() != bool(m[2])]
     return [p for _, p in sorted(found)]
 
 
@@ -123,14 +127,17 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
 def prune_checkpoints(run_dir: str | Path, keep_last: int) -> None:
     """Delete all but the newest ``keep_last`` checkpoints."""
     for path in list_checkpoints(run_dir)[:-keep_last]:
-        path.unlink()
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
 
 
 # ---- reading --------------------------------------------------------------------------------
 def resolve_checkpoint(path_or_run_dir: str | Path) -> Path:
     """A checkpoint file, or the latest checkpoint of a run directory."""
     path = Path(path_or_run_dir)
-    if path.is_dir():
+    if path.is_dir() and not _NAME.match(path.name):  # a run directory, not a sharded checkpoint
         latest = latest_checkpoint(path)
         if latest is None:
             raise CheckpointError(f"{path}: no checkpoints in {path / CHECKPOINT_DIR}")
@@ -216,18 +223,29 @@ def load_checkpoint(
     config: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Restore ``model`` (and whichever of optimizer, scheduler, data loader are given) from a
-    checkpoint file or the latest checkpoint of a run directory; returns the checkpoint dict
-    (``step``, ``config``, ``rng``, ...) with ``path`` added.
+    checkpoint (a file, or a multi-process run's sharded directory) or the latest checkpoint of
+    a run directory; returns the checkpoint dict (``step``, ``config``, ``rng``, ...) with
+    ``path`` added. A sharded checkpoint is gathered into whole tensors in one process.
 
     ``config`` (a ``TrainConfig.to_dict()``) makes a checkpoint written for another model
     preset or recipe an error instead of a confusing shape mismatch. The caller restores the
     random generators with ``set_rng_state(state["rng"])`` when it continues training.
     """
     path = resolve_checkpoint(path_or_run_dir)
-    state = read_checkpoint(path)
-    if config is not None:
-        check_matches(path, state["config"], config)
-    restore_state(path, state, model, optimizer, scheduler, loader)
+    if path.is_dir():
+        from .sharded_checkpoint import load_sharded, read_sharded  # that module builds on this one
+
+        state = read_sharded(path)
+        if config is not None:
+            check_matches(path, state["config"], config)
+        state["rng"] = load_sharded(path, state, model, optimizer, loader)["rng"]
+        if scheduler is not None:
+            scheduler.load_state_dict(state["scheduler"])
+    else:
+        state = read_checkpoint(path)
+        if config is not None:
+            check_matches(path, state["config"], config)
+        restore_state(path, state, model, optimizer, scheduler, loader)
     state["path"] = path
     return state
 

@@ -9,6 +9,11 @@ run directory's saved ``config.toml``. Mistakes in arguments exit with status 2 
 listing the valid choices; a failed run (non-finite loss, unusable checkpoint, a write that
 failed) with status 1 and one line saying where it stopped; Ctrl-C with status 130 and the same
 line.
+
+Under ``torchrun --nproc-per-node=N -m adahop train ...`` every rank runs this with the same
+arguments (see ``distributed``): rank 0 reports mistakes in them and logs the run, and when a
+rank stops on an error the first rank to fail reports it, in the same one line, prefixed with
+its rank when that is not 0; the others stop without a word.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +31,9 @@ from ..models import MODEL_PRESETS
 from ..recipes import RECIPES
 from .checkpoint import CHECKPOINT_DIR, CheckpointError, latest_checkpoint
 from .config import ConfigError, TrainConfig, apply_overrides, flatten, load_config
+from .distributed import ParallelEnv, PeerFailedError, claim_failure, launch_rank, process_group
 from .metrics import METRICS_FILE, PLOT_FILE, TENSORBOARD_DIR
-from .trainer import CONFIG_FILE, PLAN_FILE, NonFiniteLossError, Trainer
+from .trainer import CONFIG_FILE, PLAN_FILE, NonFiniteLossError, Trainer, TrainResult
 
 SHORT_FLAGS = {"recipe": "recipe", "model": "model.preset", "steps": "training.steps", "data": "data.source", "out": "out"}
 
@@ -42,8 +49,15 @@ def _overrides_help() -> str:
     return "\n".join(lines)
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        if launch_rank() > 0:  # every rank of a torchrun launch parses the same arguments: rank 0 reports
+            sys.exit(2)
+        super().error(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="adahop train",
         description="Pretrain a Llama-style model from scratch with a low-precision recipe.",
         epilog=_overrides_help(),
@@ -95,7 +109,7 @@ def _setup_logging() -> logging.Logger:
     if not logger.handlers:
         logger.addHandler(_HANDLER)
     _HANDLER.stream = sys.stderr  # the current one: main() may run more than once in a process
-    logger.setLevel(logging.INFO)
+    logger.setLevel(logging.INFO if launch_rank() == 0 else logging.ERROR)  # rank 0 logs the run
     return logger
 
 
@@ -107,29 +121,67 @@ def main(argv: list[str] | None = None) -> int:
         cfg = resolve_config(args, overrides)
     except ConfigError as e:
         parser.error(str(e))
-    trainer = None
     with logging_redirect_tqdm(loggers=[_setup_logging()]):  # log lines print above the bar
         try:
-            trainer = Trainer(cfg, resume=args.resume, progress=sys.stderr.isatty())
-            result = trainer.train()
-        except ValueError as e:  # a config, run directory or data source that cannot be used
-            if trainer is not None:
-                raise
+            with process_group(cfg.training.device) as env:
+                result = _train(parser, args, cfg, env)
+        except ValueError as e:  # this rank has no GPU of its own
             parser.error(str(e))
-        except (CheckpointError, NonFiniteLossError) as e:
-            return _fail(str(e))
-        except OSError as e:  # disk full, directory removed, file made read-only
-            return _fail(f"cannot write {e.filename or cfg.run_dir}: {e.strerror or e}; {_where(trainer, cfg)}")
-        except KeyboardInterrupt:
-            return _fail(f"interrupted; {_where(trainer, cfg)}", status=130)
-    print(f"\nTrained {result.step} steps: train loss {result.train_loss:.4f}, validation loss {result.val_loss:.4f}")
-    print(f"Results in {result.run_dir}/: {', '.join(_artefacts(result.run_dir))}")
+    if not isinstance(result, TrainResult):
+        return result
+    if launch_rank() == 0:
+        print(f"\nTrained {result.step} steps: train loss {result.train_loss:.4f}, validation loss {result.val_loss:.4f}")
+        print(f"Results in {result.run_dir}/: {', '.join(_artefacts(result.run_dir))}")
     return 0
 
 
-def _fail(message: str, status: int = 1) -> int:
-    print(f"adahop train: error: {message}", file=sys.stderr)
+def _train(parser: argparse.ArgumentParser, args: argparse.Namespace, cfg: TrainConfig, env: ParallelEnv) -> TrainResult | int:
+    """Build and train the run; an error becomes its exit status (and its one line). Runs inside
+    the process group, so the failing rank claims its failure before leaving the group."""
+    trainer = None
+    try:
+        trainer = Trainer(cfg, resume=args.resume, progress=sys.stderr.isatty(), env=env)
+        return trainer.train()
+    except PeerFailedError:  # another rank reports
+        return 1
+    except ValueError as e:  # a config, run directory or data source that cannot be used
+        if trainer is not None:
+            if not env.distributed:
+                raise
+            return _fail_unexpected(env, e, trainer, cfg)
+        if env.distributed:
+            claim_failure()  # every rank meets the same refusal; silence the peers of one that did not
+        parser.error(str(e))
+    except (CheckpointError, NonFiniteLossError) as e:
+        return _fail(env, str(e))
+    except OSError as e:  # disk full, directory removed, file made read-only
+        return _fail(env, f"cannot write {e.filename or cfg.run_dir}: {e.strerror or e}; {_where(trainer, cfg)}")
+    except KeyboardInterrupt:
+        return _fail(env, f"interrupted; {_where(trainer, cfg)}", status=130)
+    except Exception as e:
+        if not env.distributed:
+            raise
+        return _fail_unexpected(env, e, trainer, cfg)
+
+
+def _fail(env: ParallelEnv, message: str, status: int = 1) -> int:
+    """Print the one error line, unless another rank of the run failed first (it reports)."""
+    if env.distributed and not claim_failure():
+        return status
+    rank = f"rank {env.rank}: " if env.rank else ""
+    print(f"adahop train: error: {rank}{message}", file=sys.stderr)
     return status
+
+
+def _fail_unexpected(env: ParallelEnv, error: Exception, trainer: Trainer | None, cfg: TrainConfig) -> int:
+    """An error of no known kind on one rank of a distributed run (a bug, a GPU out of memory, a
+    collective broken by a peer that left): its traceback once, then the one line."""
+    if not claim_failure():
+        return 1
+    traceback.print_exception(error, file=sys.stderr)
+    summary = f"{type(error).__name__}: {error}".splitlines()[0]
+    print(f"adahop train: error: rank {env.rank}: {summary}; {_where(trainer, cfg)}", file=sys.stderr)
+    return 1
 
 
 def _where(trainer: Trainer | None, cfg: TrainConfig) -> str:
@@ -138,7 +190,9 @@ def _where(trainer: Trainer | None, cfg: TrainConfig) -> str:
     latest = latest_checkpoint(cfg.run_dir)
     if latest is None:
         return f"stopped {at}, with no checkpoint to resume from; delete {cfg.run_dir} and rerun to start over"
-    return f"stopped {at}; last checkpoint {latest}; continue with: adahop train --out {cfg.run_dir} --resume"
+    world = trainer.env.world_size if trainer is not None else 1
+    launch = f"torchrun --nproc-per-node={world} -m adahop train" if world > 1 else "adahop train"
+    return f"stopped {at}; last checkpoint {latest}; continue with: {launch} --out {cfg.run_dir} --resume"
 
 
 def _artefacts(run: Path) -> list[str]:

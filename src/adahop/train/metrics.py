@@ -4,7 +4,9 @@
 
 - ``{"kind": "train", "step", "loss", "lr", "grad_norm", "tokens", "tokens_per_s", "memory_mib", "phase"}``
   every ``logging.log_every`` steps (``loss`` is that step's loss; ``tokens`` counts all tokens
-  trained on so far; ``phase`` is ``"calibrating"`` or ``"frozen"``);
+  trained on so far; ``phase`` is ``"calibrating"`` or ``"frozen"``); a run on several ranks
+  (one record, by rank 0) sums ``tokens_per_s`` over ranks, reports the largest rank's
+  ``memory_mib`` and adds ``memory_mib_per_rank``, a list in rank order;
 - ``{"kind": "val", "step", "loss", "perplexity"}`` every ``logging.val_every`` steps and at the end.
 """
 

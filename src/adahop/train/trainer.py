@@ -8,10 +8,17 @@ table and saves ``plan.json``.
 Everything a step depends on (weights, optimizer and schedule, data position, each layer's
 plan and votes, the random generators that seed stochastic rounding) is in the checkpoint, so
 on CPU a resumed run reproduces the uninterrupted one bit for bit.
+
+Given a distributed :class:`ParallelEnv` (``torchrun``, see ``distributed``) the same loop
+trains data-parallel: the model is sharded with FSDP2, each rank trains on its share of every
+global batch, losses are averaged over ranks, checkpoints are sharded (``sharded_checkpoint``)
+and rank 0 alone logs and writes the run's records. Calibration votes are merged over ranks
+when the layers freeze, so every rank freezes the same plan.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -22,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch.distributed.tensor import DTensor
 from tqdm import tqdm
 
 from ..atomic import remove_stale_temp_files, write_atomic
@@ -46,9 +54,18 @@ from .checkpoint import (
     training_state,
 )
 from .config import ConfigError, TrainConfig
+from .distributed import ParallelEnv, PeerFailedError, all_ranks_mean, gather_floats, main_rank_first, shard_model
 from .graphs import GraphedMicroStep
 from .metrics import METRICS_FILE, PLOT_FILE, MetricsLogger, peak_memory_mib, plot_losses, read_metrics
 from .optim import apply_hyperparameters, build_lr_scheduler, build_optimizer
+from .sharded_checkpoint import (
+    load_full,
+    load_sharded,
+    read_sharded,
+    remove_partial_checkpoints,
+    restore_rng,
+    save_sharded,
+)
 
 log = logging.getLogger(__name__)
 
@@ -76,16 +93,28 @@ def seed_everything(seed: int) -> None:
 
 
 class Trainer:
-    """Builds a run from a config (fresh, or resumed from its latest checkpoint) and trains it."""
+    """Builds a run from a config (fresh, or resumed from its latest checkpoint) and trains it;
+    ``env`` (from ``distributed.process_group``) makes it one rank of a data-parallel run."""
 
-    def __init__(self, cfg: TrainConfig, *, resume: bool = False, progress: bool = True) -> None:
+    def __init__(
+        self, cfg: TrainConfig, *, resume: bool = False, progress: bool = True, env: ParallelEnv | None = None
+    ) -> None:
         cfg.validate()
-        self.cfg, self.run_dir, self.progress = cfg, cfg.run_dir, progress
-        self.device = resolve_device(cfg.training.device)
-        checkpoint = self._check_run_dir(resume)  # before the slow setup: every refusal comes first
-        seed_everything(cfg.training.seed)
-        self.data = build_data(cfg, progress)
+        self.env = env or ParallelEnv(resolve_device(cfg.training.device))
+        self.cfg, self.run_dir, self.progress = cfg, cfg.run_dir, progress and self.env.is_main
+        self.device = self.env.device
+        # Rank 0 first: it renames unreadable checkpoints aside and fills the tokenizer cache.
+        with main_rank_first(self.env):
+            checkpoint = self._check_run_dir(resume)  # before the slow setup: every refusal comes first
+            # Model initialisation has its own seed; the global generators (stochastic rounding)
+            # differ per rank, so ranks round their shares with independent noise.
+            seed_everything(cfg.training.seed + self.env.rank)
+            self.data = build_data(cfg, self.progress, rank=self.env.rank, world_size=self.env.world_size)
         self.model = build_model_from_config(cfg, self.device)
+        if self.env.distributed:
+            shard_model(self.model, self.device)
+            if cfg.training.cuda_graph and self.device.type == "cuda" and self.env.is_main:
+                log.info("training.cuda_graph is off on %d ranks: a graph would not capture FSDP's collectives", self.env.world_size)
         self.optimizer = build_optimizer(self.model, cfg.optim, self.device)
         self.layers = list(adahop_layers(self.model).values())
         self.tokens_per_step = cfg.data.batch_size * cfg.data.seq_len * cfg.training.grad_accum
@@ -95,9 +124,11 @@ class Trainer:
         if checkpoint is not None:
             self._resume_from(*checkpoint)
         self.scheduler = build_lr_scheduler(self.optimizer, cfg.optim, cfg.training.steps, self.step)
-        for stale in remove_stale_temp_files(self.run_dir / CHECKPOINT_DIR) + remove_stale_temp_files(self.run_dir):
-            log.info("removed %s, left by an interrupted write", stale)
-        write_atomic(self.run_dir / CONFIG_FILE, cfg.to_toml())
+        if self.env.is_main:
+            stale = remove_stale_temp_files(self.run_dir / CHECKPOINT_DIR) + remove_stale_temp_files(self.run_dir)
+            for path in stale + remove_partial_checkpoints(self.run_dir):
+                log.info("removed %s, left by an interrupted write", path)
+            write_atomic(self.run_dir / CONFIG_FILE, cfg.to_toml())
 
     # ---- run directory and checkpoints --------------------------------------------------------
     def _check_run_dir(self, resume: bool) -> tuple[Path, dict] | None:
@@ -143,10 +174,10 @@ class Trainer:
         """The newest checkpoint that reads back; unreadable newer ones are renamed aside."""
         for path in reversed(checkpoints):
             try:
-                return path, read_checkpoint(path)
+                return path, read_sharded(path) if path.is_dir() else read_checkpoint(path)
             except UnreadableCheckpointError as e:
                 aside = path.with_name(path.name + CORRUPT_SUFFIX)
-                path.rename(aside)
+                path.rename(aside)  # by rank 0: the other ranks list the checkpoints after it
                 log.warning("warning: %s; renamed it to %s and trying the one before", e, aside.name)
         raise CheckpointError(
             f"no readable checkpoint left in {self.run_dir / CHECKPOINT_DIR}; start a new run with another --out"
@@ -171,18 +202,31 @@ class Trainer:
             log.info("resuming with a changed config (applied from step %d): %s", step + 1, ", ".join(changes))
 
     def _resume_from(self, path: Path, state: dict) -> None:
-        restore_state(path, state, self.model, self.optimizer, None, self.data.train)
+        if path.is_dir():
+            restore_rng(load_sharded(path, state, self.model, self.optimizer, self.data.train), state)
+        elif self.env.distributed:  # written by one process
+            load_full(path, state, self.model, self.optimizer, self.data.train)
+            restore_rng(state, {**state, "world_size": 1})
+        else:
+            restore_state(path, state, self.model, self.optimizer, None, self.data.train)
+            set_rng_state(state["rng"])
         apply_hyperparameters(self.optimizer, self.cfg.optim)
-        set_rng_state(state["rng"])
         self.step = state["step"]
         log.info("resumed from %s at step %d", path, self.step)
 
     def save(self) -> Path:
-        state = training_state(
-            self.step, self.model, self.optimizer, self.scheduler, self.data.train, self.cfg.to_dict()
-        )
-        path = save_checkpoint(checkpoint_path(self.run_dir, self.step), state)
-        prune_checkpoints(self.run_dir, self.cfg.checkpoint.keep_last)
+        if self.env.distributed:
+            path = save_sharded(
+                checkpoint_path(self.run_dir, self.step).with_suffix(""), step=self.step, model=self.model,
+                optimizer=self.optimizer, scheduler=self.scheduler, loader=self.data.train, config=self.cfg.to_dict(),
+            )
+        else:
+            state = training_state(
+                self.step, self.model, self.optimizer, self.scheduler, self.data.train, self.cfg.to_dict()
+            )
+            path = save_checkpoint(checkpoint_path(self.run_dir, self.step), state)
+        if self.env.is_main:
+            prune_checkpoints(self.run_dir, self.cfg.checkpoint.keep_last)
         return path
 
     # ---- calibration --------------------------------------------------------------------------
@@ -193,10 +237,12 @@ class Trainer:
     def _maybe_save_plan(self) -> None:
         if self._plan_saved or self.phase == "calibrating":
             return
+        self._plan_saved = True
+        if not self.env.is_main:  # every rank froze the same plan (merged votes): rank 0 saves it
+            return
         plan = model_plan(self.model)
         plan.save(self.run_dir / PLAN_FILE)
         log.info("strategy plan frozen (step %d, recipe %s):\n%s", self.step, self.cfg.recipe.name, plan.summary())
-        self._plan_saved = True
 
     def _maybe_compile(self) -> None:
         """Compile the transformer blocks once no layer calibrates: a calibrating layer runs
@@ -209,8 +255,11 @@ class Trainer:
 
     def _maybe_graph(self) -> None:
         """Replay micro-steps as a CUDA graph once no layer calibrates (calibration votes on the
-        host every step; a frozen step never waits on it)."""
+        host every step; a frozen step never waits on it). Not with several ranks: a graph would
+        not capture FSDP's collectives (their buffers and streams live outside it)."""
         if self._graphed is not None or not self.cfg.training.cuda_graph or self.device.type != "cuda":
+            return
+        if self.env.distributed:
             return
         if self.phase == "calibrating":
             return
@@ -244,10 +293,16 @@ class Trainer:
         for _ in range(accum):
             inputs, targets = (t.to(self.device, non_blocking=True) for t in next(self.data.train))
             loss_sum += self._micro_step(inputs, targets)
-        loss = (loss_sum / accum).item()
+        loss_mean = loss_sum / accum
+        loss = (all_ranks_mean(loss_mean) if self.env.distributed else loss_mean).item()
         max_norm = self.cfg.optim.grad_clip or math.inf  # inf: measure the norm, clip nothing
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm).item()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        if isinstance(grad_norm, DTensor):  # sharded gradients: the norm of the whole gradient
+            grad_norm = grad_norm.full_tensor()
+        grad_norm = grad_norm.item()
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+            if not self.env.is_main:  # every rank sees the same global loss: rank 0 reports it
+                raise PeerFailedError(f"non-finite loss or gradient at step {self.step + 1}")
             raise self._non_finite(f"loss is {loss}" if not math.isfinite(loss) else f"gradient norm is {grad_norm}")
         self.optimizer.step()
         self.scheduler.step()
@@ -284,21 +339,33 @@ class Trainer:
             f"dim {args.dim}), recipe {cfg.recipe.name}, data {self.data.source} "
             f"({len(self.data.train.tokens) / 1e6:.1f}M train tokens), device {self.device}, "
             f"{cfg.training.steps} steps of {self.tokens_per_step} tokens"
+            + (f", FSDP2 over {self.env.world_size} ranks" if self.env.distributed else "")
         )
 
-    def _log_train(self, metrics: MetricsLogger, loss: float, lr: float, grad_norm: float, tokens_per_s: float) -> None:
-        memory = peak_memory_mib(self.device)
+    def _log_train(
+        self, metrics: MetricsLogger | None, loss: float, lr: float, grad_norm: float, tokens_per_s: float
+    ) -> None:
+        """Log a train record (rank 0); ``tokens_per_s`` is this rank's, summed over ranks here."""
+        memory, per_rank = peak_memory_mib(self.device), {}
+        if self.env.distributed:  # a collective: every rank logs at the same steps
+            ranks = gather_floats(self.device, tokens_per_s, memory)
+            tokens_per_s, memory = sum(r[0] for r in ranks), max(r[1] for r in ranks)
+            per_rank = {"memory_mib_per_rank": [r[1] for r in ranks]}
+        if metrics is None:
+            return
         metrics.log(
             "train", self.step, loss=loss, lr=lr, grad_norm=grad_norm, tokens=self.step * self.tokens_per_step,
-            tokens_per_s=tokens_per_s, memory_mib=memory, phase=self.phase,
+            tokens_per_s=tokens_per_s, memory_mib=memory, **per_rank, phase=self.phase,
         )
         log.info(
             "step %d/%d  loss %.4f  lr %.2e  grad_norm %.3f  %s tok/s  %s MiB  %s", self.step,
             self.cfg.training.steps, loss, lr, grad_norm, f"{tokens_per_s:,.0f}", f"{memory:,.0f}", self.phase,
         )
 
-    def _validate(self, metrics: MetricsLogger) -> float:
+    def _validate(self, metrics: MetricsLogger | None) -> float:
         loss = self.evaluate()
+        if metrics is None:
+            return loss
         metrics.log("val", self.step, loss=loss, perplexity=math.exp(loss))
         log.info("step %d  validation loss %.4f  perplexity %.2f", self.step, loss, math.exp(loss))
         return loss
@@ -313,8 +380,9 @@ class Trainer:
         loss = val_loss = math.nan
         timed_steps, step_time = 0, 0.0  # since the last log, in train_step only (no eval, no saving)
         bar, phase = self._progress_bar(), self.phase
+        records = MetricsLogger(self.run_dir, self.step) if self.env.is_main else contextlib.nullcontext()
         try:
-            with MetricsLogger(self.run_dir, self.step) as metrics:
+            with records as metrics:
                 while self.step < steps:
                     lr = self.scheduler.get_last_lr()[0]
                     start = time.perf_counter()
@@ -325,8 +393,9 @@ class Trainer:
                     timed_steps, step_time = timed_steps + 1, step_time + time.perf_counter() - start
                     self.step += 1
                     self._maybe_save_plan()
-                    tokens_per_s = timed_steps * self.tokens_per_step / step_time
-                    bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens_per_s:,.0f}", phase=self.phase, refresh=False)
+                    tokens_per_s = timed_steps * self.tokens_per_step / self.env.world_size / step_time  # this rank's
+                    total = tokens_per_s * self.env.world_size  # the bar's estimate of all ranks' rate
+                    bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{total:,.0f}", phase=self.phase, refresh=False)
                     bar.update()
                     if self.phase != phase:  # frozen steps run at another speed: a new bar, a new ETA
                         bar.close()
@@ -352,7 +421,9 @@ class Trainer:
         return tqdm(total=steps, initial=self.step, desc=name, unit="step", disable=not self.progress)
 
     def _plot(self, stopping: bool = False) -> None:
-        """Write ``loss.png``; while stopping on another error, a failed write is only a warning."""
+        """Write ``loss.png`` (rank 0); while stopping on another error, a failed write is only a warning."""
+        if not self.env.is_main:
+            return
         try:
             plot_losses(read_metrics(self.run_dir), self.run_dir / PLOT_FILE, f"{self.cfg.model.preset} / {self.cfg.recipe.name}")
         except OSError as e:

@@ -1,0 +1,135 @@
+"""Data-parallel training on several processes with PyTorch's own stack: ``torch.distributed``
+and FSDP2's ``fully_shard``.
+
+``torchrun --nproc-per-node=N -m adahop train ...`` starts N processes and sets ``RANK``,
+``LOCAL_RANK`` and ``WORLD_SIZE`` for each; :func:`process_group` joins them (gloo on CPU, nccl
+on CUDA with one GPU per local rank) and leaves the group on the way out, error or not. Without
+those variables (or with ``WORLD_SIZE=1``) nothing here runs and the trainer is single-process.
+
+When one rank stops on an error its peers must not wait for it in a collective forever. The
+rank that fails first claims the failure in the process group's store and reports it; leaving
+the group then breaks the collectives its peers wait in (gloo notices at once), and they stop
+quietly (:func:`claim_failure` returns False for them), so a failed run prints one message.
+An nccl collective does not notice a peer leaving; there torchrun, seeing a rank exit with an
+error, stops the others.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from .builders import resolve_device
+
+_FAILED_KEY = "adahop/failures"  # counts the ranks that stopped on an error
+
+
+class PeerFailedError(RuntimeError):
+    """This rank stopped because another rank did; that rank reports why."""
+
+
+@dataclass(frozen=True)
+class ParallelEnv:
+    """Where this process sits in the run: its rank, the number of ranks and its device."""
+
+    device: torch.device
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 logs, writes the run's records (metrics, plan, config) and shows the progress bar."""
+        return self.rank == 0
+
+
+def launch_rank() -> int:
+    """This process's rank as set by torchrun (0 when not launched by it)."""
+    return int(os.environ.get("RANK", "0"))
+
+
+@contextlib.contextmanager
+def process_group(device: str = "auto") -> Iterator[ParallelEnv]:
+    """The run's :class:`ParallelEnv` for ``training.device``; under torchrun with
+    ``WORLD_SIZE > 1`` the process group is joined for the block and destroyed after it."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    resolved = resolve_device(device)
+    if world_size == 1:
+        yield ParallelEnv(resolved)
+        return
+    rank, local_rank = launch_rank(), int(os.environ.get("LOCAL_RANK", "0"))
+    if resolved.type == "cuda":
+        if local_rank >= torch.cuda.device_count():
+            raise ValueError(
+                f"local rank {local_rank} has no GPU ({torch.cuda.device_count()} visible); "
+                "launch at most one process per GPU (torchrun --nproc-per-node)"
+            )
+        resolved = torch.device("cuda", local_rank)
+        torch.cuda.set_device(resolved)
+        dist.init_process_group("nccl", device_id=resolved)
+    else:
+        dist.init_process_group("gloo")
+    try:
+        yield ParallelEnv(resolved, rank, world_size, local_rank)
+    finally:
+        dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def main_rank_first(env: ParallelEnv) -> Iterator[None]:
+    """Run the block on rank 0 first, then on the other ranks, which may read what it wrote. If
+    it fails on rank 0, rank 0 leaves the group and the others stop at the barrier."""
+    if env.distributed and not env.is_main:
+        dist.barrier()
+    yield
+    if env.distributed and env.is_main:
+        dist.barrier()
+
+
+def claim_failure() -> bool:
+    """Record that this rank stopped on an error; True when it is the first rank to do so (it
+    reports the error), False when another rank failed before it (or the run is gone)."""
+    try:
+        return dist.distributed_c10d._get_default_store().add(_FAILED_KEY, 1) == 1
+    except (RuntimeError, ValueError):  # the store's host has exited (or the group): a peer stopped first
+        return False
+
+
+def shard_model(model: nn.Module, device: torch.device) -> None:
+    """FSDP2 in place: ``fully_shard`` each transformer block, then the root (embedding, final
+    norm, LM head). On CUDA parameters are gathered and computed in BF16 and gradients are
+    reduced in FP32; on CPU everything stays FP32."""
+    if device.type == "cuda":
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    else:
+        policy = MixedPrecisionPolicy()
+    for block in model.layers:
+        fully_shard(block, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+
+
+def all_ranks_mean(value: torch.Tensor) -> torch.Tensor:
+    """The mean of a tensor over all ranks (gloo has no ``ReduceOp.AVG``)."""
+    total = value.clone()
+    dist.all_reduce(total)
+    return total / dist.get_world_size()
+
+
+def gather_floats(device: torch.device, *values: float) -> list[list[float]]:
+    """Each rank's ``values``, in rank order, on every rank (``device``: the rank's, as nccl
+    reduces CUDA tensors only)."""
+    local = torch.tensor(values, dtype=torch.float64, device=device)
+    gathered = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, local)
+    return [t.tolist() for t in gathered]

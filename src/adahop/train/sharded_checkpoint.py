@@ -1,0 +1,216 @@
+"""Checkpoints of a multi-process run, with ``torch.distributed.checkpoint`` (DCP).
+
+A sharded checkpoint is a directory, ``<run_dir>/checkpoints/step_XXXXXXX/``, that every rank
+writes its shards into. It holds what a single-process checkpoint holds:
+
+| key         | what                                                                          |
+|-------------|-------------------------------------------------------------------------------|
+| `model`     | the parameters, sharded (DCP reshards them for any number of ranks on load)  |
+| `optimizer` | AdamW's state by parameter name, sharded alike                                |
+| `train`     | `format`, `step`, `scheduler`, `config` and the `world_size` that wrote it    |
+| `ranks.R`   | rank R's data position, random generators and each AdaHOP layer's plan and calibration votes (votes are per rank until the plan freezes) |
+
+Atomic: the ranks write into ``.step_XXXXXXX.tmp``, which rank 0 renames to its final name once
+DCP has written the metadata, so a checkpoint cut short is never taken as the latest.
+
+Resuming on M ranks a checkpoint written by N: DCP reshards model and optimizer; rank r takes
+the per-rank state of rank r mod N (so every rank has as many calibration votes as the others
+and all freeze at the same step). A single-process checkpoint resumes on M ranks through
+:func:`load_full`. The data position counts global batches (see
+``adahop.data.loader``), so the run continues on exactly the next batches; on the same number
+of ranks it continues bit for bit (on CPU).
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint import CheckpointException
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+from ..atomic import publish_dir
+from ..nn import adahop_layers
+from .checkpoint import CHECKPOINT_DIR, CheckpointError, UnreadableCheckpointError, rng_state, set_rng_state
+
+SHARDED_FORMAT = 1
+_EXTRA_STATE = "_extra_state"  # AdaHOP layers' plan and votes: saved per rank, not as model state
+_PARTIAL = re.compile(r"^\.step_\d+\.(tmp|old)$")
+
+
+def _blob(obj: Any) -> io.BytesIO:
+    """``obj`` as one DCP item: DCP stores a BytesIO's bytes as they are (and reads them back
+    into the BytesIO given to ``dcp.load``)."""
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    buffer.seek(0)
+    return buffer
+
+
+def _unblob(buffer: io.BytesIO) -> Any:
+    """What :func:`_blob` stored: plain containers and tensors only, so ``weights_only``."""
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=True)
+
+
+def _load(state: dict[str, Any], path: Path, **kwargs: Any) -> None:
+    """``dcp.load``, without its warning that a process outside a process group reads alone."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, checkpoint_id=path, **kwargs)
+
+
+def _failure(error: CheckpointException) -> str:
+    """The first rank's error of a failed DCP save or load, in one line."""
+    rank, (exc, _) = min(error.failures.items())
+    return f"rank {rank}: {type(exc).__name__}: {exc}".splitlines()[0]
+
+
+def _model_state(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> tuple[dict, dict]:
+    model_state, optim_state = get_state_dict(model, [] if optimizer is None else optimizer)
+    return {k: v for k, v in model_state.items() if not k.endswith(_EXTRA_STATE)}, optim_state
+
+
+def save_sharded(
+    path: Path,
+    *,
+    step: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    loader: Any,
+    config: dict[str, Any],
+) -> Path:
+    """Write the checkpoint of a distributed run after ``step`` steps; a collective (every rank
+    calls it). A failed write on any rank raises on every rank: an ``OSError`` naming ``path``
+    for a failed file operation, else a ``CheckpointError``."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    model_state, optim_state = _model_state(model, optimizer)
+    layers = {name: layer.get_extra_state() for name, layer in adahop_layers(model).items()}
+    train = {"format": SHARDED_FORMAT, "step": step, "scheduler": scheduler.state_dict(), "config": config, "world_size": world_size}
+    state = {
+        "model": model_state,
+        "optimizer": optim_state,
+        "train": _blob(train),
+        "ranks": {str(rank): _blob({"data": loader.state_dict(), "rng": rng_state(), "layers": layers})},
+    }
+    tmp = path.with_name(f".{path.name}.tmp")
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    dist.barrier()
+    try:
+        dcp.save(state, checkpoint_id=tmp)
+    except CheckpointException as e:
+        rank, (error, _) = min(e.failures.items())
+        if isinstance(error, OSError):  # a full disk, a lost directory: said as for one process
+            raise OSError(error.errno, f"{error.strerror or error} (on rank {rank})", str(path)) from None
+        raise CheckpointError(f"{path}: writing the checkpoint failed on {_failure(e)}") from None
+    if rank == 0:
+        publish_dir(tmp, path)
+    dist.barrier()  # no rank goes on (and may prune) before the checkpoint is in place
+    return path
+
+
+def read_sharded(path: Path) -> dict[str, Any]:
+    """The ``train`` entry of a sharded checkpoint (step, config, ...), read by this process
+    alone; an ``UnreadableCheckpointError`` for a directory DCP cannot read."""
+    state = {"train": io.BytesIO()}
+    try:
+        _load(state, path, no_dist=True)
+        train = _unblob(state["train"])
+    except (Exception, CheckpointException) as e:  # no metadata, truncated shards, foreign files: all unreadable
+        reason = _failure(e) if isinstance(e, CheckpointException) else f"{type(e).__name__}: {e}".splitlines()[0]
+        raise UnreadableCheckpointError(f"{path}: not a readable distributed checkpoint ({reason})") from None
+    if not isinstance(train, dict) or train.get("format") != SHARDED_FORMAT:
+        raise CheckpointError(f"{path}: not an adahop distributed checkpoint of format {SHARDED_FORMAT}")
+    return train
+
+
+def load_sharded(
+    path: Path,
+    train: dict[str, Any],
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    loader: Any | None = None,
+) -> dict[str, Any]:
+    """Restore the model with its layer plans and votes (and the optimizer and data position,
+    when given) from a sharded checkpoint (``train``: its :func:`read_sharded`), on any number
+    of ranks (on one process too: DCP then reads whole tensors). A collective when distributed.
+    Returns the per-rank entry this rank takes (``rng``, ``data``, ``layers``); the caller
+    restores the random generators."""
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    saved_world = train["world_size"]
+    model_state, optim_state = _model_state(model, optimizer)
+    state = {"model": model_state, "ranks": {str(r): io.BytesIO() for r in range(saved_world)}}  # same keys on every rank
+    if optimizer is not None:
+        state["optimizer"] = optim_state
+    try:
+        _load(state, path)
+        optimizers = [] if optimizer is None else optimizer
+        set_state_dict(model, optimizers, model_state_dict=model_state, optim_state_dict=state.get("optimizer", {}))
+    except CheckpointException as e:
+        raise CheckpointError(f"{path}: its model or optimizer state does not fit this run ({_failure(e)})") from None
+    except (KeyError, RuntimeError, ValueError) as e:
+        raise CheckpointError(f"{path}: its model or optimizer state does not fit this run: {e}") from None
+    own = _unblob(state["ranks"][str(rank % saved_world)])
+    for name, layer in adahop_layers(model).items():
+        layer.set_extra_state(own["layers"][name])
+    if loader is not None:
+        loader.load_state_dict(own["data"])
+    return own
+
+
+def load_full(path: Path, state: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer, loader: Any) -> None:
+    """Restore a single-process checkpoint (``state``: its ``read_checkpoint``) into a sharded
+    model on every rank: each rank reads the whole file and keeps its shards. Every rank takes
+    the one process's calibration votes (merged at the freeze they pick the same majorities)."""
+    names = {id(p): name for name, p in model.named_parameters()}
+    # build_optimizer numbers the same parameters in the same order on one process and on many
+    order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    saved = state["optimizer"]
+    groups = [  # the hyperparameters this optimizer has (the schedule adds initial_lr later)
+        {**{k: v for k, v in group.items() if k in current}, "params": [order[i] for i in group["params"]]}
+        for group, current in zip(saved["param_groups"], optimizer.param_groups)
+    ]
+    optim_state = {"state": {order[i]: s for i, s in saved["state"].items()}, "param_groups": groups}
+    try:
+        set_state_dict(
+            model, optimizer, model_state_dict=state["model"], optim_state_dict=optim_state,
+            options=StateDictOptions(full_state_dict=True),
+        )
+    except (KeyError, IndexError, RuntimeError, ValueError) as e:
+        raise CheckpointError(f"{path}: its model or optimizer state does not fit this run: {e}") from None
+    loader.load_state_dict(state["data"])
+
+
+def restore_rng(own: dict[str, Any], train: dict[str, Any]) -> None:
+    """Set this rank's random generators from its entry (:func:`load_sharded`); a rank the
+    checkpoint did not have (more ranks than wrote it) gets fresh ones, distinct per rank and step."""
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    if rank < train["world_size"]:
+        set_rng_state(own["rng"])
+    else:
+        seed = np.random.SeedSequence([train["config"]["training"]["seed"], rank, train["step"]]).generate_state(1)[0]
+        torch.manual_seed(int(seed))
+
+
+def remove_partial_checkpoints(run_dir: str | Path) -> list[Path]:
+    """Delete what a distributed write that was cut short left behind (``.step_*.tmp`` and
+    ``.step_*.old`` directories); returns the deleted paths. Call it before the run writes."""
+    directory = Path(run_dir) / CHECKPOINT_DIR
+    if not directory.is_dir():
+        return []
+    partial = [p for p in sorted(directory.iterdir()) if _PARTIAL.match(p.name) and p.is_dir()]
+    for path in partial:
+        shutil.rmtree(path, ignore_errors=True)
+    return partial

@@ -1,0 +1,296 @@
+"""``adahop train`` on two CPU ranks (gloo), as ``torchrun --nproc-per-node=2 -m adahop train``
+runs it: FSDP2, per-rank data shares, sharded checkpoints, resume on 2 and on 1 rank, and one
+rank failing.
+
+Each rank is a spawned process that sets torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR,
+...) and calls the CLI's ``main``; one spawn runs several jobs in turn (a process group each),
+so the processes start (and import torch) once per test module, not once per run.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import socket
+import sys
+import time
+from pathlib import Path
+from unittest import mock
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from adahop.nn import model_plan
+from adahop.policy import LayerPlan, ModelPlan
+from adahop.train import (
+    Trainer,
+    build_model_from_config,
+    latest_checkpoint,
+    load_checkpoint,
+    load_config,
+    read_metrics,
+)
+
+pytestmark = [
+    pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available"),
+    pytest.mark.usefixtures("one_thread"),
+    pytest.mark.filterwarnings("ignore:torch.distributed is disabled"),  # DCP read by the test process alone
+]
+WORLD = 2
+TOLERANCE = 1e-6  # relative, 2 ranks against 1 process: see the first test
+TIMEOUT_S = 240  # the whole spawn; a hang fails the test instead of stalling CI
+
+
+class Interrupted(Exception):
+    """Stands in for a preemption right after a checkpoint was written."""
+
+
+def as_argv(pairs: list[tuple[str, str]]) -> list[str]:
+    return [f"--{k}={v}" for k, v in pairs]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_rank(rank: int, jobs: list[dict], logs: str) -> None:
+    """Rank ``rank``'s side of each job: ``main(job["argv"])`` under torchrun's variables, its
+    stderr (file descriptor 2, so gloo's C++ messages too) and exit status kept in ``logs``."""
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    from adahop.train import trainer as trainer_module
+    from adahop.train.cli import main
+
+    torch.set_num_threads(1)
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1")
+    save_sharded, micro_step = trainer_module.save_sharded, trainer_module.Trainer._micro_step
+    for i, job in enumerate(jobs):
+        os.environ["MASTER_PORT"] = str(job["port"])
+
+        def save_then_crash(path, job=job, **kwargs):
+            if rank == 1 and kwargs["step"] == job.get("full_disk_at"):
+                with mock.patch.object(FileSystemWriter, "write_data", side_effect=OSError(errno.ENOSPC, "No space left on device")):
+                    return save_sharded(path, **kwargs)
+            save_sharded(path, **kwargs)
+            if kwargs["step"] == job.get("crash_after"):
+                raise Interrupted
+
+        def fail_on_rank_1(self, inputs, targets, job=job):
+            if rank == 1 and self.step + 1 == job.get("fail_at"):
+                raise RuntimeError("simulated fault on rank 1")
+            return micro_step(self, inputs, targets)
+
+        trainer_module.save_sharded, trainer_module.Trainer._micro_step = save_then_crash, fail_on_rank_1
+        with open(f"{logs}/job{i}.rank{rank}.err", "w") as err:
+            os.dup2(err.fileno(), 2)
+            status = main(job["argv"])
+            sys.stderr.flush()
+        Path(f"{logs}/job{i}.rank{rank}.status").write_text(str(status))
+
+
+def spawn(jobs: list[dict], logs: Path) -> list[list[tuple[int, str]]]:
+    """Run ``jobs`` on 2 ranks; per job, each rank's (exit status, stderr)."""
+    logs.mkdir(parents=True, exist_ok=True)
+    jobs = [{**job, "port": free_port()} for job in jobs]
+    context = mp.start_processes(run_rank, args=(jobs, str(logs)), nprocs=WORLD, start_method="spawn", join=False)
+    deadline = time.monotonic() + TIMEOUT_S
+    while not context.join(timeout=5):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail(f"the 2-rank run did not end within {TIMEOUT_S} s")
+    return [
+        [(int((logs / f"job{i}.rank{r}.status").read_text()), (logs / f"job{i}.rank{r}.err").read_text()) for r in range(WORLD)]
+        for i in range(len(jobs))
+    ]
+
+
+def losses(run: Path) -> list[tuple[str, int, float]]:
+    return [(r["kind"], r["step"], r["loss"]) for r in read_metrics(run)]
+
+
+def train_losses(run: Path) -> list[float]:
+    return [r["loss"] for r in read_metrics(run) if r["kind"] == "train"]
+
+
+# The small runs of conftest (a global batch of 4: 2 rows per rank) with one transformer block:
+# FSDP shards it and the root, and each step costs half as much.
+ONE_BLOCK = {"model__overrides__n_layers": 1}
+# mxfp4_hadamard quantizes every GEMM from step 1; dY rounds to nearest, so the 2-rank run can be
+# compared with one process (stochastic rounding draws its noise per rank).
+DIVERGING = {"recipe": "bf16", "optim__lr": 1e6, "optim__warmup_steps": 0}
+NEAREST = ONE_BLOCK | {"recipe": "mxfp4_hadamard", "recipe__grad_rounding": "nearest", "training__steps": 4}
+
+
+@pytest.fixture(scope="module")
+def runs(small_overrides, tmp_path_factory):
+    """One process with nearest rounding; then one 2-rank spawn: the same run, a straight
+    adahop_lv2 run (6 steps, 2 of calibration, a checkpoint every 2), that run cut off right
+    after its step-2 checkpoint (still calibrating: per-rank votes) and resumed, the
+    one-process run resumed on 2 ranks from its step-2 checkpoint, a run whose loss diverges,
+    one whose rank 1 finds the disk full at the step-4 checkpoint, and one whose rank 1 fails in step 3 (last: its processes go on, but in a group of their own)."""
+    root = tmp_path_factory.mktemp("dist")
+    Trainer(load_config(None, small_overrides(root / "single", **NEAREST)), progress=False).train()  # caches the tokens
+    shutil.copytree(root / "single", root / "widened")
+    (root / "widened" / "checkpoints" / "step_0000004.pt").unlink()
+    jobs = [
+        {"argv": as_argv(small_overrides(root / "nearest", **NEAREST))},
+        {"argv": as_argv(small_overrides(root / "straight", **ONE_BLOCK))},
+        {"argv": as_argv(small_overrides(root / "resumed", **ONE_BLOCK)), "crash_after": 2},
+        {"argv": ["--out", str(root / "resumed"), "--resume"]},
+        {"argv": ["--out", str(root / "widened"), "--resume"]},
+        {"argv": as_argv(small_overrides(root / "diverging", **ONE_BLOCK, **DIVERGING))},
+        {"argv": as_argv(small_overrides(root / "full_disk", **ONE_BLOCK)), "full_disk_at": 4},
+        {"argv": as_argv(small_overrides(root / "failing", **ONE_BLOCK)), "fail_at": 3},
+    ]
+    return root, spawn(jobs, root / "logs")
+
+
+def rank_states(checkpoint: Path) -> list[dict]:
+    """The per-rank entries of a sharded checkpoint (data position, generators, layer plans)."""
+    import io
+
+    import torch.distributed.checkpoint as dcp
+
+    state = {"ranks": {str(r): io.BytesIO() for r in range(WORLD)}}
+    dcp.load(state, checkpoint_id=checkpoint, no_dist=True)
+    return [torch.load(io.BytesIO(state["ranks"][str(r)].getvalue()), weights_only=True) for r in range(WORLD)]
+
+
+def test_two_ranks_train_like_one_process_on_the_same_global_batch(runs):
+    """Each rank's loss is the mean over its 2 rows and the ranks' losses are averaged; FSDP
+    averages the gradients of the halves. MX and Hadamard blocks run along tokens, and each rank
+    holds 64 tokens, a whole number of blocks, so quantization sees the same blocks as on one
+    process. What differs is the order of floating-point sums (over ranks, then rows), about
+    1e-7 relative per step, which AdamW's steps carry on (the largest difference seen over these
+    4 steps: 8e-8): hence rel=1e-6. Such noise could flip the rounding of an element that sits on a
+    boundary and give a larger (still small) difference; in this deterministic CPU run none does."""
+    root, results = runs
+    (status0, err0), (status1, err1) = results[0]
+    assert (status0, status1) == (0, 0), err0 + err1
+    two, one = root / "nearest", root / "single"
+    assert [k for k, _, _ in losses(two)] == [k for k, _, _ in losses(one)]
+    assert [loss for _, _, loss in losses(two)] == pytest.approx([loss for _, _, loss in losses(one)], rel=TOLERANCE)
+    assert "step 1/4" in err0 and err1 == ""  # rank 0 logs, rank 1 is silent
+    train = [r for r in read_metrics(two) if r["kind"] == "train"]
+    assert [r["step"] for r in train] == [1, 2, 3, 4]
+    assert all(len(r["memory_mib_per_rank"]) == WORLD and r["memory_mib"] == max(r["memory_mib_per_rank"]) for r in train)
+    assert [r["tokens"] for r in train] == [128 * s for s in range(1, 5)]  # global tokens
+    # Sharded checkpoints: directories, the newest 2 kept, nothing left of the writes.
+    assert sorted(p.name for p in (two / "checkpoints").iterdir()) == ["step_0000002", "step_0000004"]
+    assert (two / "checkpoints" / "step_0000004" / ".metadata").is_file()
+
+
+def test_ranks_freeze_one_plan_from_merged_votes_and_save_it_once(runs):
+    root, results = runs
+    (_, err0), (_, err1) = results[1]
+    run = root / "straight"
+    assert err0.count("strategy plan frozen") == 1 and "strategy plan frozen" not in err1
+    saved = ModelPlan.load(run / "plan.json").to_json()
+    for state in rank_states(run / "checkpoints" / "step_0000006"):
+        assert ModelPlan({name: LayerPlan.from_dict(layer["plan"]) for name, layer in state["layers"].items()}).to_json() == saved
+    model = build_model_from_config(load_config(run / "config.toml"))  # what `adahop analyze` does
+    assert load_checkpoint(run, model)["step"] == 6
+    assert model_plan(model).to_json() == saved
+
+
+def test_resume_on_two_ranks_is_bit_exact(runs):
+    root, results = runs
+    assert [status for job in results[1:4] for status, _ in job] == [0, 0, 1, 1, 0, 0]
+    crashed = results[2]
+    assert sum(err.count("error:") for _, err in crashed) == 1  # one message for the run
+    assert losses(root / "resumed") == losses(root / "straight")  # every train and validation loss
+    assert train_losses(root / "straight") != pytest.approx(train_losses(root / "nearest"), rel=1e-6)  # noise: on
+
+
+def test_two_rank_checkpoint_resumes_on_one_process(runs, small_overrides, tmp_path):
+    """DCP gathers the shards into whole tensors; the data goes on from the global position, the
+    plan comes from the checkpoint. One process rounds the ranks' rows with other noise, so the
+    losses follow the 2-rank run closely but not bit for bit."""
+    root, _ = runs
+    run = tmp_path / "one"
+    shutil.copytree(root / "straight", run)
+    shutil.rmtree(run / "checkpoints" / "step_0000006")
+    trainer = Trainer(load_config(None, small_overrides(run, **ONE_BLOCK)), resume=True, progress=False)
+    assert trainer.step == 4 and trainer.phase == "frozen"
+    assert trainer.data.train.state_dict()["position"] == 4 * 4  # 4 global batches of 4 windows
+    trainer.train()
+    assert train_losses(run)[:4] == train_losses(root / "straight")[:4]
+    assert train_losses(run)[4:] == pytest.approx(train_losses(root / "straight")[4:], rel=2e-3)
+    assert latest_checkpoint(run).name == "step_0000006.pt"  # one process writes the single-process format
+    assert ModelPlan.load(run / "plan.json").to_json() == ModelPlan.load(root / "straight" / "plan.json").to_json()
+    steps = {int(s["step"]) for s in trainer.optimizer.state_dict()["state"].values()}
+    assert steps == {6}  # AdamW's moments came from the checkpoint, then took 2 steps
+
+
+def test_one_process_checkpoint_resumes_on_two_ranks(runs):
+    """Every rank reads the whole single-process file and keeps its shards (AdamW's moments
+    too); the 2 ranks then train steps 3 and 4 as the one process did (see TOLERANCE)."""
+    root, results = runs
+    assert [status for status, _ in results[4]] == [0, 0], results[4]
+    assert [loss for _, _, loss in losses(root / "widened")] == pytest.approx(
+        [loss for _, _, loss in losses(root / "single")], rel=TOLERANCE
+    )
+    assert latest_checkpoint(root / "widened").name == "step_0000004"  # now sharded
+
+
+def test_a_diverging_loss_stops_every_rank_with_one_message(runs):
+    """Every rank sees the same loss (averaged over ranks) and gradient norm, so all stop before
+    the same update; rank 0 reports."""
+    _, results = runs
+    assert [status for status, _ in results[5]] == [1, 1]
+    lines = [line for _, err in results[5] for line in err.splitlines() if "error:" in line]
+    assert len(lines) == 1 and "Traceback" not in results[5][0][1] + results[5][1][1]
+    assert lines[0].startswith("adahop train: error: ") and "at step 2 with recipe 'bf16'" in lines[0], lines
+
+
+def test_a_failed_sharded_write_stops_every_rank_and_keeps_the_last_checkpoint(runs):
+    """DCP gathers rank 1's error onto every rank; the directory it was writing is never renamed
+    into place, so step 2 stays the latest."""
+    root, results = runs
+    run = root / "full_disk"
+    assert [status for status, _ in results[6]] == [1, 1]
+    lines = [line for _, err in results[6] for line in err.splitlines() if "error:" in line]
+    assert len(lines) == 1, results[6]
+    assert f"cannot write {run / 'checkpoints' / 'step_0000004'}: No space left on device (on rank 1)" in lines[0]
+    assert f"last checkpoint {run / 'checkpoints' / 'step_0000002'}; continue with: torchrun --nproc-per-node=2" in lines[0]
+    assert latest_checkpoint(run).name == "step_0000002"
+    assert (run / "checkpoints" / ".step_0000004.tmp").is_dir()  # removed when the run resumes
+
+
+def test_one_rank_failing_stops_both_with_one_message(runs):
+    """Rank 1 fails before the forward of step 3 while rank 0 waits for it in FSDP's all-gather:
+    rank 1 reports, leaves the process group, and rank 0's collective fails, so rank 0 stops too,
+    silently; the step-2 checkpoint stays the latest."""
+    root, results = runs
+    run = root / "failing"
+    [(status0, err0), (status1, err1)] = results[7]
+    assert (status0, status1) == (1, 1)
+    assert "error:" not in err0 and "Traceback" not in err0, err0
+    lines = [line for line in err1.splitlines() if "error:" in line]
+    assert len(lines) == 1, err1
+    assert lines[0].startswith("adahop train: error: rank 1: RuntimeError: simulated fault on rank 1; stopped at step 2 of 6")
+    assert f"last checkpoint {run / 'checkpoints' / 'step_0000002'}" in lines[0]
+    assert latest_checkpoint(run).name == "step_0000002"
+
+
+def test_a_cut_short_sharded_write_is_never_the_latest(runs, small_overrides, tmp_path, caplog):
+    """A killed write leaves ``.step_N.tmp/`` (never listed; removed by the next run), and a
+    checkpoint directory DCP cannot read is renamed aside for the one before."""
+    root, _ = runs
+    run = tmp_path / "run"
+    shutil.copytree(root / "straight", run)
+    partial = run / "checkpoints" / ".step_0000008.tmp"
+    partial.mkdir()
+    (partial / "__0_0.distcp").write_bytes(b"half")
+    (run / "checkpoints" / "step_0000006" / ".metadata").unlink()
+    assert latest_checkpoint(run).name == "step_0000006"
+    with caplog.at_level("INFO", logger="adahop"):
+        trainer = Trainer(load_config(None, small_overrides(run, **ONE_BLOCK, training__steps=7)), resume=True, progress=False)
+    assert trainer.step == 4 and "not a readable distributed checkpoint" in caplog.text
+    assert not partial.exists() and (run / "checkpoints" / "step_0000006.corrupt").is_dir()
