@@ -4,7 +4,6 @@ Written against torchtitan 0.2.2's ``register_model_converter(cls, name)`` proto
 come from an ``[adahop]`` job-config section (``--job.custom_config_module`` below).
 """
 
-from __future__ import annotations
 
 from dataclasses import dataclass, field
 
@@ -28,6 +27,8 @@ class AdaHOPOptions:
     """Layers with fewer input or output features stay nn.Linear."""
 
 
+# No ``from __future__ import annotations`` here: torchtitan resolves these field types by name
+# in its own namespace when it merges ``JobConfig`` into its own.
 @dataclass
 class JobConfig:
     """Merged into torchtitan's JobConfig by ``--job.custom_config_module adahop.integrations.torchtitan``."""
