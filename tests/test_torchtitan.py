@@ -129,3 +129,14 @@ def test_calibrates_in_training_and_the_plan_travels_in_a_dcp_checkpoint(eager_a
     for name, layer in resumed.named_modules():
         if isinstance(layer, AdaHOPLinear):
             assert layer.votes.state_dict() == model.get_submodule(name).votes.state_dict()
+
+
+def test_ready_made_config_loads_through_torchtitans_cli():
+    from torchtitan.config import ConfigManager
+
+    config = ConfigManager().parse_args(
+        ["--module", "adahop.integrations.torchtitan", "--config", "llama3_debugmodel_adahop", "--training.steps", "300"]
+    )
+    assert config.training.steps == 300
+    kinds = [type(c) for _, c, _, _ in config.model_spec.model.traverse(Linear.Config)]
+    assert kinds.count(AdaHOPTitanLinear.Config) == 6 * 5 and kinds.count(Linear.Config) == 1  # the LM head

@@ -40,6 +40,9 @@ class AdaHOPConverter(QuantizationConverter):
     Calibration needs no trainer hook: each layer votes its outlier patterns from module
     hooks during the first ``recipe.calibration_steps`` training steps, then freezes its plan,
     which torchtitan's checkpoints keep (the layer's ``_extra_state``) and restore on resume.
+    The state tensor is not sharded, so DCP saves one rank's copy: a checkpoint taken during
+    calibration resumes every rank with that rank's votes (the plan, merged over ranks at the
+    freeze, is the same everywhere).
     """
 
     @dataclass(kw_only=True, slots=True)

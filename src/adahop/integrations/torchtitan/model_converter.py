@@ -8,6 +8,8 @@ come from an ``[adahop]`` job-config section (``--job.custom_config_module`` bel
 from dataclasses import dataclass, field
 
 from torch import nn
+from torchtitan.config import JobConfig as TitanJobConfig
+from torchtitan.distributed import ParallelDims
 from torchtitan.protocols.model_converter import register_model_converter
 
 from ...nn.convert import adahop_layers, convert_model
@@ -39,7 +41,7 @@ class JobConfig:
 class AdaHOPModelConverter:
     """``--model.converters adahop``: swap ``nn.Linear`` for ``AdaHOPLinear`` (see ``should_convert``)."""
 
-    def __init__(self, job_config, parallel_dims) -> None:
+    def __init__(self, job_config: TitanJobConfig, parallel_dims: ParallelDims | None) -> None:
         self.options = getattr(job_config, "adahop", None) or AdaHOPOptions()
         self.recipe = get_recipe(self.options.recipe)
 
