@@ -94,7 +94,7 @@ def _step_run(recipe: str, mode: str, tokens_per_s: float, reserved: float) -> d
 
 
 def test_step_bench_compares_each_recipe_with_bf16_in_its_fastest_mode():
-    from adahop.bench.step import best_runs, step_markdown
+    from adahop.bench.step import best_runs, markdown
 
     runs = {f"{r}/{m}": _step_run(r, m, t, g) for r, m, t, g in (
         ("bf16", "eager", 50e3, 40), ("bf16", "compile", 60e3, 38),
@@ -107,19 +107,20 @@ def test_step_bench_compares_each_recipe_with_bf16_in_its_fastest_mode():
     for r in runs.values():
         if "error" not in r:
             r["speedup_vs_bf16_best"] = r["tokens_per_s"] / best["bf16"]["tokens_per_s"]
-    text = "\n".join(step_markdown({"vocab_size": 32768, "cases": {"llama3_1b_4x2048": case}}))
+    text = "\n".join(markdown({"vocab_size": 32768, "cases": {"llama3_1b_4x2048": case}}))
     assert "| adahop_lv2/compile+graph | 72,000 | 1.20x | - |" in text
     assert "| float8_tensorwise/compile | failed: torchao is not installed |" in text
 
 
 def test_step_bench_selects_cases_and_runs_by_name():
-    from adahop.bench.step import select_cases
+    from adahop.bench.step import CASES, select_cases
 
-    (case,) = select_cases(["llama3_3b_4x2048"], ["adahop_lv2/compile+graph", "bf16/compile"])
-    assert case.preset == "llama3_3b" and case.runs == (("adahop_lv2", "compile+graph"), ("bf16", "compile"))
-    one, three = select_cases(["llama3_1b_4x2048", "llama3_3b_4x2048"], ["bf16/compile", "llama3_3b_4x2048:adahop_lv2/compile+graph"])
-    assert one.runs == (("bf16", "compile"),) and three.runs == (("bf16", "compile"), ("adahop_lv2", "compile+graph"))
-    with pytest.raises(ValueError, match="unknown step runs"):
+    assert select_cases([]) == CASES
+    (case,) = select_cases(["llama3_3b_4x2048"], ["adahop_lv2/compile+graph", "bf16/graph"])
+    assert case.preset == "llama3_3b" and case.runs == (("adahop_lv2", "compile+graph"), ("bf16", "graph"))
+    one, three = select_cases(["llama3_1b_4x2048", "llama3_3b_4x2048"], ["bf16/compile", "llama3_3b_4x2048:adahop_lv2/eager"])
+    assert one.runs == (("bf16", "compile"),) and three.runs == (("bf16", "compile"), ("adahop_lv2", "eager"))
+    with pytest.raises(ValueError, match="unknown step run 'bf16/turbo'"):
         select_cases(["llama3_1b_4x2048"], ["bf16/turbo"])
     with pytest.raises(ValueError, match="choose from"):
         select_cases(["llama3_70b_4x2048"])

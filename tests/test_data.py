@@ -262,8 +262,8 @@ def test_validation_batches_are_fixed_consecutive_windows(data):
 
 
 def test_txt_jsonl_parquet_sources(tmp_path):
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    pa = pytest.importorskip("pyarrow")  # optional (the ``data`` extra), like ``datasets``
+    pq = pytest.importorskip("pyarrow.parquet")
 
     (tmp_path / "a.txt").write_text(DOCS[0])
     write_jsonl(tmp_path / "b.jsonl", DOCS[1:] + [""])  # empty documents are skipped
@@ -343,18 +343,17 @@ def test_bad_data_values_give_clear_errors(tmp_path):
 
 
 def test_bad_file_contents_give_clear_errors(tmp_path):
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     (tmp_path / "no_text.jsonl").write_text('{"text": "ok"}\n{"body": "x"}\n')
     (tmp_path / "broken.jsonl").write_text('{"text": "ok"}\n{not json\n')
-    pq.write_table(pa.table({"body": ["x"]}), tmp_path / "no_text.parquet")
     with pytest.raises(
         DataSourceError, match=r"no_text.jsonl:2: no 'text' field \(found \['body'\]\)"
     ):
         list(parse_data_spec(str(tmp_path / "no_text.jsonl")).documents())
     with pytest.raises(DataSourceError, match="broken.jsonl:2: not valid JSON"):
         list(parse_data_spec(str(tmp_path / "broken.jsonl")).documents())
+    pa = pytest.importorskip("pyarrow")  # optional (the ``data`` extra), like ``datasets``
+    pq = pytest.importorskip("pyarrow.parquet")
+    pq.write_table(pa.table({"body": ["x"]}), tmp_path / "no_text.parquet")
     with pytest.raises(DataSourceError, match=r"no 'text' column \(columns: body\)"):
         list(parse_data_spec(str(tmp_path / "no_text.parquet")).documents())
 

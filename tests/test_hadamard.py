@@ -76,3 +76,27 @@ def test_integer_tensors_and_bad_axes_are_rejected():
         hadamard_transform(torch.arange(64).reshape(2, 32))
     with pytest.raises(IndexError, match="axis 2 is out of range"):
         hadamard_transform(torch.randn(2, 32), axis=2)
+
+def sylvester_by_popcount(n: int) -> torch.Tensor:
+    """H[i, j] = (-1)**popcount(i & j): the Sylvester Hadamard matrix, defined independently."""
+    i = torch.arange(n)
+    bits = i[:, None] & i[None, :]
+    parity = torch.zeros_like(bits)
+    for k in range(n.bit_length()):
+        parity ^= (bits >> k) & 1
+    return (1 - 2 * parity).double()
+
+
+@pytest.mark.parametrize("n", [16, 32, 128])
+@pytest.mark.parametrize("axis", [-1, 0])
+def test_signed_transform_is_the_documented_matrix(n, axis):
+    """``hadamard_transform(x, signs)`` is ``b @ diag(signs) @ H / sqrt(n)`` per block (the signs
+    act *before* H), with H from the popcount definition, and ``hadamard_rotation`` is that Q."""
+    signs = random_signs(n, seed=7)
+    q = torch.diag(signs.double()) @ sylvester_by_popcount(n) / math.sqrt(n)
+    assert torch.equal(hadamard_matrix(n, dtype=torch.float64), sylvester_by_popcount(n))
+    assert torch.allclose(hadamard_rotation(n, signs, dtype=torch.float64), q, rtol=0, atol=1e-15)
+    x = torch.randn(2 * n, n, dtype=torch.float64)
+    want = (x.movedim(axis, -1).unflatten(-1, (-1, n)) @ q).flatten(-2).movedim(-1, axis)
+    got = hadamard_transform(x, axis=axis, block_size=n, signs=signs)
+    assert torch.allclose(got, want, rtol=1e-12, atol=1e-12)

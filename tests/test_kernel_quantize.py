@@ -9,6 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
+import mx_oracle
+
 from adahop.formats import ELEMENT_FORMATS, SCALE_RULES, MXTensor, philox, quantize_mx
 from adahop.kernels.mx_math import philox_noise
 from adahop.kernels.quantize import (
@@ -110,6 +112,29 @@ def test_saturating_blocks_and_strided_input():
 @pytest.mark.parametrize("seed", (None, 3, 2**40 + 5, -1))
 def test_stochastic_rounding_matches_reference_noise(fmt, axis, seed):
     check(hard_matrix(50, 90), fmt=fmt, axis=axis, rounding="stochastic", seed=seed)
+
+
+# Every format and scale rule under stochastic rounding, blocks alternately along rows and
+# columns (MXFP4 takes the row-wise and the column-wise kernels, FP8 the general one), plus two
+# round-to-nearest cases; one interpreter call each (~3 s, most of it fixed cost).
+ORACLE_CASES = [(fmt, rule, "stochastic", (-1, 0)[i % 2]) for fmt in ELEMENT_FORMATS
+                for i, rule in enumerate(SCALE_RULES)]
+ORACLE_CASES += [("mxfp4", "floor", "nearest", -1), ("mxfp8_e5m2", "even", "nearest", 0)]
+
+
+@pytest.mark.parametrize("fmt, rule, rounding, axis", ORACLE_CASES)
+def test_kernels_bit_exact_with_the_independent_oracle(fmt, rule, rounding, axis):
+    """Packed codes and scales equal ``tests/mx_oracle.py``'s (not the reference's) on adversarial
+    blocks: power-of-two and binade-edge maxima, elements whose fixed-point steps plus their own
+    Philox noise land on or just short of an integer, ties, saturation, zero/NaN/Inf blocks."""
+    seed = 2**40 + 9 if rounding == "stochastic" else None
+    x = torch.from_numpy(mx_oracle.adversarial_blocks(fmt, rule, 32, 128, seed=seed, rng_seed=5))
+    x = x if axis == -1 else x.t()  # the storage layout (the adversarial one) is x either way
+    got = quantize_mx_triton(x.to(DEVICE), fmt=fmt, axis=axis, scale_rule=rule, rounding=rounding, seed=seed)
+    data, scales = mx_oracle.quantize(x, fmt, rule, rounding, seed, axis=axis)
+    assert torch.equal(got.scales.cpu(), torch.from_numpy(scales)), "E8M0 scales differ"
+    mismatch = (got.data.cpu().numpy() != data).sum()
+    assert mismatch == 0, f"{mismatch} of {data.size} data bytes differ"
 
 
 @pytest.mark.parametrize("fmt, block_size", [("mxfp4", 2), ("mxfp4", 4), ("mxfp8_e5m2", 1)])

@@ -138,3 +138,36 @@ def test_layer_plan_dict_round_trip_and_validation():
     with pytest.raises(ValueError, match="unknown pattern"):
         LayerPlan("iht", "iht", "iht", patterns={"x": "row", "w": "up", "g": "none"})
 
+
+
+def test_every_table_default_is_the_recipes():
+    """Leaving the table out gives the level-2 table everywhere, as a default Recipe does."""
+    import inspect
+
+    from adahop.policy.calibration import ModelPlan, PatternVotes
+    from adahop.recipes import Recipe
+
+    defaults = {inspect.signature(f).parameters["table"].default
+                for f in (plan_for_patterns, PatternVotes.plan, ModelPlan.from_votes)}
+    assert defaults == {Recipe().table} == {"lv2"}
+
+# Tables whose answer depends on one operand's pattern only, so every transpose shows: A's
+# pattern picks the strategy in BY_A, B's in BY_B (OE-left is left out: wgrad replaces it).
+BY_A = {(a, b): {"row": "mxfp4", "col": "bf16", "none": "iht"}[a] for a in PATTERNS for b in PATTERNS}
+BY_B = {(a, b): {"row": "mxfp4", "col": "bf16", "none": "oe_right"}[b] for a in PATTERNS for b in PATTERNS}
+
+
+@pytest.mark.parametrize("name, entries", [("by_a", BY_A), ("by_b", BY_B)])
+def test_each_operand_transpose_shows_in_the_plan(name, entries):
+    """All 27 (px, pw, pg): A of wgrad is dY^T (pattern of g flipped), B of forward is W^T."""
+    flip = {"row": "col", "col": "row", "none": "none"}
+    for px, pw, pg in itertools.product(PATTERNS, repeat=3):
+        plan = plan_for_patterns(px, pw, pg, get_table(entries))
+        a_of = {"forward": px, "dgrad": pg, "wgrad": flip[pg]}
+        b_of = {"forward": flip[pw], "dgrad": pw, "wgrad": px}
+        for gemm in GEMMS:
+            key = (a_of[gemm], b_of[gemm])
+            assert getattr(plan, gemm) is Strategy(entries[key]), (name, px, pw, pg, gemm)
+    # The documented example with a patterned dY: wgrad's A = dY^T is col when dY is row.
+    assert gemm_pattern_pairs("col", "row", "row")["wgrad"] == ("col", "col")
+    assert gemm_pattern_pairs("none", "none", "col")["wgrad"] == ("row", "none")

@@ -17,8 +17,10 @@ from collections.abc import Iterator
 
 import torch
 
-from .formats import ELEMENT_FORMATS, MXTensor, quantize_mx
+from .formats import MXTensor, quantize_mx
+from .formats.fast import dequantize_blocked_fast, quantize_mx_fast
 from .formats.folded import FoldedFP8
+from .formats.mx import storage_shapes
 from .transforms import hadamard_transform
 
 _kernels_enabled = True
@@ -35,19 +37,11 @@ def reference_only() -> Iterator[None]:
         _kernels_enabled = previous
 
 
-def kernels_enabled() -> bool:
-    return _kernels_enabled
-
-
 def _eager_cuda(t: torch.Tensor) -> bool:
     """Call the CUDA implementation directly: in eager mode the custom-op dispatch adds tens of
     microseconds per call (measured), and a training step makes hundreds of these calls. Under
     ``torch.compile`` the ops stay graph nodes with their fake implementations."""
     return t.is_cuda and not torch.compiler.is_compiling()
-
-
-def _padded(length: int, block: int) -> int:
-    return -(-length // block) * block
 
 
 # ---- quantize -----------------------------------------------------------------------------
@@ -90,14 +84,21 @@ def _quantize_mx_cuda(x, fmt, axis, block_size, scale_rule, rounding, seed, hada
     return q.data, q.scales
 
 
+@quantize_mx_op.register_kernel("cpu")
+def _quantize_mx_cpu(x, fmt, axis, block_size, scale_rule, rounding, seed, hadamard_block_size, signs):
+    """The reference's bits by the faster route of ``formats.fast`` (tests/test_fast_reference.py)."""
+    q = quantize_mx_fast(
+        x, fmt, axis=axis, block_size=block_size, scale_rule=scale_rule, rounding=rounding,
+        seed=int(seed), hadamard_block_size=hadamard_block_size, signs=signs,
+    )
+    return q.data, q.scales
+
+
 @quantize_mx_op.register_fake
 def _(x, fmt, axis, block_size, scale_rule, rounding, seed, hadamard_block_size, signs):
     outer, length = (x.shape[0], x.shape[1]) if axis % 2 == 1 else (x.shape[1], x.shape[0])
-    padded = _padded(length, block_size)
-    bits = ELEMENT_FORMATS[fmt].bits
-    data = x.new_empty((outer, padded * bits // 8), dtype=torch.uint8)
-    scales = x.new_empty((outer, padded // block_size), dtype=torch.uint8)
-    return data, scales
+    data_shape, scales_shape = storage_shapes(outer, length, fmt, block_size)
+    return x.new_empty(data_shape, dtype=torch.uint8), x.new_empty(scales_shape, dtype=torch.uint8)
 
 
 def quantize_2d(
@@ -219,6 +220,14 @@ def _mx_matmul_cuda(a_data, a_scales, b_data, b_scales, fmt, block_size, out_dty
 
     a, b = _mx(a_data, a_scales, fmt, block_size), _mx(b_data, b_scales, fmt, block_size)
     return mx_matmul(a, b, out_dtype=out_dtype)
+
+
+@mx_matmul_op.register_kernel("cpu")
+def _mx_matmul_cpu(a_data, a_scales, b_data, b_scales, fmt, block_size, out_dtype):
+    """``_matmul_reference`` with the faster, bit-identical dequantization of ``formats.fast``."""
+    a = dequantize_blocked_fast(_mx(a_data, a_scales, fmt, block_size))
+    b = dequantize_blocked_fast(_mx(b_data, b_scales, fmt, block_size))
+    return (a @ b.T).to(out_dtype)
 
 
 @mx_matmul_op.register_fake

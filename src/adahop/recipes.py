@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .formats import ELEMENT_FORMATS, ROUNDING_MODES, SCALE_RULES
-from .policy.strategies import Strategy, get_table
+from .policy.strategies import DEFAULT_TABLE, Strategy, get_table
 from .transforms import HADAMARD_BLOCK_SIZES
 
 ADAPTIVE = "adaptive"
@@ -31,7 +31,7 @@ class Recipe:
 
     name: str = "adahop_lv2"
     strategy: str = ADAPTIVE
-    table: str | dict[str, str] = "lv2"  # a table name or a user mapping {"row,none": "oe_left", ...}
+    table: str | dict[str, str] = DEFAULT_TABLE  # a table name or a user mapping {"row,none": "oe_left", ...}
     fmt: str = "mxfp4"
     block_size: int = 32
     scale_rule: str = "floor"

@@ -19,7 +19,8 @@ from rich.table import Table
 
 from ..atomic import write_atomic
 from .heatmaps import plot_layer, plot_overview
-from .outliers import ROLES, LayerReport, analyze_model
+from ..policy.strategies import ROLES
+from .outliers import LayerReport, analyze_model
 
 ANALYSIS_SEED = 0
 

@@ -8,6 +8,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..atomic import save_figure
+from ..policy.strategies import ROLES
+
+ROLE_NAMES = {"x": "X (activations)", "w": "W (weights)", "g": "dY (output grads)"}
 
 if TYPE_CHECKING:
     from .outliers import LayerReport
@@ -36,7 +39,6 @@ def plot_layer(report: LayerReport, path: Path) -> None:
     """Three log-scaled |value| panels (X, W, dY) with their pattern and scores."""
     from matplotlib.colors import LogNorm
 
-    from .outliers import ROLE_NAMES
 
     plt = _pyplot()
     roles = list(report.tensors)
@@ -66,7 +68,6 @@ def plot_overview(reports: list[LayerReport], path: Path) -> None:
     """Layers x (X, W, dY): colour = pattern, text = the deciding score."""
     from matplotlib.colors import ListedColormap
 
-    from .outliers import ROLES
 
     plt = _pyplot()
     grid = torch.full((len(reports), len(ROLES)), float("nan"))

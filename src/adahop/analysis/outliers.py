@@ -16,11 +16,10 @@ from torch import nn
 
 from ..formats import quantize_mx
 from ..policy import pattern_stats
+from ..policy.strategies import ROLES
 from ..transforms import hadamard_transform
 from .heatmaps import downsample_abs
 
-ROLES = ("x", "w", "g")
-ROLE_NAMES = {"x": "X (activations)", "w": "W (weights)", "g": "dY (output grads)"}
 HEATMAP_SIZE = 128
 
 

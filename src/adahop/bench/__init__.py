@@ -13,6 +13,7 @@ import importlib
 import json
 from pathlib import Path
 
+from ..atomic import write_atomic
 from .common import environment
 
 SECTIONS = ("gemm", "quantize", "linear", "step")
@@ -54,52 +55,9 @@ def summary_markdown(report: dict) -> str:
     for key, what in EXTRA_FIGURES.items():
         if key in report:
             lines.append(f"| {what} (`{key}`) | {report[key]:.3f} |")
-    if "gemm" in report:
-        from .gemm import ROUTES
-
-        lines += ["", "MXFP4 GEMM TFLOP/s (ratio to cuBLAS BF16) per route:", "",
-                  "| M, N, K | BF16 | " + " | ".join(ROUTES) + " | fold_fp8 without the fold |",
-                  "|---" * (len(ROUTES) + 3) + "|"]
-        for s in report["gemm"]["shapes"]:
-            cells = [f"{e['tflops']:.0f} ({e['ratio_vs_bf16']:.2f}x)" if "tflops" in (e := s["routes"][r])
-                     else "failed" for r in ROUTES]
-            excl = s["fold_fp8_gemm_only_fast_accum_True"]["ratio_vs_bf16"]
-            lines.append(f"| {s['M']}, {s['N']}, {s['K']} | {s['bf16_tflops']:.0f} | " + " | ".join(cells)
-                         + f" | {excl:.2f}x |")
-        if "oe_split" in report["gemm"]:
-            lines += ["", "Outlier-extraction split GEMM (k = 64 rows of L or of R in BF16) against the MXFP4 GEMM "
-                      "of the same operands (medians of interleaved rounds):", "",
-                      "| M, N, K | MXFP4 ms (left, right) | OE-left | OE-right | dense-read floor (left, right) |",
-                      "|---|---|---|---|---|"]
-            for c in report["gemm"]["oe_split"]:
-                left, right = c["oe_left"], c["oe_right"]
-                lines.append(
-                    f"| {c['M']}, {c['N']}, {c['K']} | {left['mxfp4_ms']:.3f}, {right['mxfp4_ms']:.3f} | "
-                    f"{left['ms']:.3f} ms ({left['slowdown_vs_mxfp4']:+.1%}) | "
-                    f"{right['ms']:.3f} ms ({right['slowdown_vs_mxfp4']:+.1%}) | "
-                    f"{left['dense_read_floor']:+.1%}, {right['dense_read_floor']:+.1%} |"
-                )
-    if "quantize" in report:
-        q = report["quantize"]
-        lines += ["", f"Fused quantizer at {q['shape'][0]}x{q['shape'][1]} {q['dtype']} (copy: "
-                  f"{q['copy_gb_per_s']:.0f} GB/s, read + write):", "",
-                  "| orientation | Hadamard | rounding | tiling | kernel ms | of copy |", "|---|---|---|---|---|---|"]
-        for c in q["cases"]:
-            t = c["tiling"]
-            lines.append(f"| {c['orientation']} | {c['hadamard_block_size'] or '-'} | {c['rounding']} | "
-                         f"{t['block_m']}x{t['block_n']}/{t['num_warps']}w | {c['ms']:.3f} | {c['fraction_of_copy']:.2f} |")
-    if "linear" in report:
-        lines += ["", "AdaHOPLinear forward+backward at 16k tokens (speedup vs BF16 nn.Linear, "
-                  "saved-activation compression):", "", "| shape (in, out) | plan | speedup | activations |",
-                  "|---|---|---|---|"]
-        for kind, row in report["linear"]["shapes"].items():
-            for name, p in row["plans"].items():
-                lines.append(f"| {kind} | {name} | {p['speedup_vs_bf16']:.2f}x | "
-                             f"{p['saved_activation_compression']:.2f}x |")
-    if "step" in report:
-        from .step import step_markdown
-
-        lines += step_markdown(report["step"])
+    for section in SECTIONS:
+        if section in report:
+            lines += importlib.import_module(f"{__name__}.{section}").markdown(report[section])
     return "\n".join(lines) + "\n"
 
 
@@ -123,16 +81,20 @@ def main(argv: list[str] | None = None) -> int:
 
     if not torch.cuda.is_available():
         parser.error("benchmarks need a CUDA GPU")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
     report = environment()
     for section in sections:
         options = {"sweep": True} if section == "quantize" and args.quantize_sweep else {}
+        if section == "step" and args.out:
+            options["partial"] = args.out.with_suffix(".partial.json")
         if section == "step" and (args.step_cases or args.step_runs):
             from .step import select_cases
 
             names = [k for k in args.step_cases.split(",") if k]
             runs = [r for r in args.step_runs.split(",") if r] or None
             try:
-                options = {"cases": select_cases(names, runs)}
+                options["cases"] = select_cases(names, runs)
             except ValueError as err:
                 parser.error(str(err))
         result = importlib.import_module(f"{__name__}.{section}").run(**options)
@@ -142,8 +104,7 @@ def main(argv: list[str] | None = None) -> int:
                 report[key] = result[key]
         print(f"{section}: " + ", ".join(f"{k}={result[k]:.3f}" for k in result if isinstance(result[k], float)))
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
-        args.out.with_suffix(".md").write_text(summary_markdown(report))
+        write_atomic(args.out.with_suffix(".json"), json.dumps(report, indent=2) + "\n")
+        write_atomic(args.out.with_suffix(".md"), summary_markdown(report))
     print(summary_markdown(report))
     return 0

@@ -16,15 +16,20 @@ in a process that has already run other benchmarks.
 
 from __future__ import annotations
 
+import json
 import math
 import multiprocessing
 import tempfile
 import time
 from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
+
+from ..atomic import write_atomic
 
 SEQ_LEN = 2048
 VOCAB_SIZE = 32768  # the tokenizer of configs/llama3_*_h200.toml
@@ -49,19 +54,19 @@ class Case:
         return f"{self.preset}_{self.batch}x{SEQ_LEN}"
 
 
-# Most telling first: a run cut short by a time limit still has the headline pair.
-_FULL = (
-    ("bf16", "compile"), ("adahop_lv2", "compile+graph"), ("bf16", "compile+graph"), ("float8_tensorwise", "compile"),
-    ("adahop_lv2", "graph"), ("adahop_lv2", "eager"), ("bf16", "eager"), ("bf16", "graph"),
-    ("mxfp4_hadamard", "compile+graph"), ("float8_tensorwise", "compile+graph"), ("float8_rowwise", "compile"),
-)
-_BEST = (("bf16", "compile"), ("bf16", "compile+graph"), ("adahop_lv2", "compile+graph"),
-         ("float8_tensorwise", "compile"))
+# The default runs, most telling first (a run cut short by a time limit still has the headline
+# pair). A run takes 30-50 s (process start, model, compilation, ~20 steps): these 14 fit a
+# 10-minute machine call. Any other recipe and mode can be named with --step-runs.
+_HEADLINE = (("bf16", "compile"), ("adahop_lv2", "compile+graph"))
 CASES = (
-    Case("llama3_1b", 4, _FULL),
-    Case("llama3_1b", 8, _BEST + (("bf16", "eager"), ("adahop_lv2", "eager"))),
-    Case("llama3_3b", 4, _BEST + (("mxfp4_hadamard", "compile+graph"),)),
+    Case("llama3_1b", 4, _HEADLINE + (
+        ("float8_tensorwise", "compile"), ("float8_rowwise", "compile"), ("mxfp4_hadamard", "compile+graph"),
+        ("bf16", "compile+graph"), ("adahop_lv2", "eager"), ("bf16", "eager"),
+    )),
+    Case("llama3_1b", 8, _HEADLINE),
+    Case("llama3_3b", 4, _HEADLINE + (("float8_tensorwise", "compile"), ("mxfp4_hadamard", "compile+graph"))),
 )
+RECIPES = ("bf16", "mxfp4", "mxfp4_hadamard", "adahop_lv1", "adahop_lv2", *PEERS)
 # Kernel families by name fragment, first match wins; the rest is "other".
 FAMILIES = (
     ("quantize (Triton)", ("_quantize_",)),
@@ -188,7 +193,7 @@ def _failure(err: BaseException) -> dict:
     return {"error": f"{type(err).__name__}: {str(err)[:300]}"}
 
 
-def run_case(case: Case) -> dict:
+def run_case(case: Case, on_run: Callable[[dict], None] = lambda runs: None) -> dict:
     """Every run of ``case`` in a fresh process, with its tokens/s relative to BF16's fastest mode."""
     from importlib.util import find_spec
 
@@ -205,6 +210,7 @@ def run_case(case: Case) -> dict:
             except Exception as err:  # one failing run must not lose the others
                 runs[name] = _failure(err)
         runs[name] |= {"recipe": recipe, "mode": mode}
+        on_run(runs)
         print(f"  {case.key} {name}: {_one_line(runs[name])}", flush=True)
     best = best_runs(runs)
     base = best.get("bf16")
@@ -235,14 +241,19 @@ def _ratio(case: dict, recipe: str, reference: str, key: str = "tokens_per_s") -
     return None
 
 
-def run(cases: tuple[Case, ...] = CASES) -> dict:
-    """Every case, and the headline ratios (best mode against best mode)."""
+def run(cases: tuple[Case, ...] = CASES, partial: Path | None = None) -> dict:
+    """Every case, and the headline ratios (best mode against best mode). ``partial``: a JSON
+    file rewritten (atomically) after every run, so a run cut off by a time limit keeps the rest."""
     from ..data import prepare_data
 
     prepare_data("stdlib", VOCAB_SIZE, progress=False)  # tokenize once; every run reads the cache
     results: dict = {"seq_len": SEQ_LEN, "vocab_size": VOCAB_SIZE, "cases": {}}
     for case in cases:
-        results["cases"][case.key] = run_case(case)
+        def save(runs: dict, key: str = case.key) -> None:
+            if partial is not None:
+                write_atomic(partial, json.dumps(results | {"partial": {key: runs}}, indent=1))
+
+        results["cases"][case.key] = run_case(case, save)
     headlines = {
         "train_step_speedup_vs_bf16": ("llama3_1b_4x2048", "bf16", "tokens_per_s"),
         "train_step_speedup_vs_bf16_1b_8x": ("llama3_1b_8x2048", "bf16", "tokens_per_s"),
@@ -258,9 +269,9 @@ def run(cases: tuple[Case, ...] = CASES) -> dict:
 
 
 def select_cases(keys: list[str], runs: list[str] | None = None) -> tuple[Case, ...]:
-    """The cases named by ``keys`` (``Case.key``; all when empty), in the order given, each
-    keeping only the ``runs`` named (all when None): "recipe/mode" for every case that has it,
-    "CASE:recipe/mode" for one case."""
+    """The cases named by ``keys`` (``Case.key``; all when empty), in the order given. With
+    ``runs``, each runs exactly those named: "recipe/mode" in every case, "CASE:recipe/mode" in
+    one; otherwise its default runs."""
     known = {c.key: c for c in CASES}
     unknown = [k for k in keys if k not in known]
     if unknown:
@@ -268,19 +279,19 @@ def select_cases(keys: list[str], runs: list[str] | None = None) -> tuple[Case, 
     cases = tuple(known[k] for k in keys) or CASES
     if runs is None:
         return cases
-    valid = {f"{r}/{m}" for c in cases for r, m in c.runs} | {f"{c.key}:{r}/{m}" for c in cases for r, m in c.runs}
-    if bad := sorted(set(runs) - valid):
-        raise ValueError(f"unknown step runs {bad}; choose from {sorted(valid)}")
+    parsed = []
+    for name in runs:
+        case_key, _, run = name.rpartition(":")
+        recipe, _, mode = run.partition("/")
+        if recipe not in RECIPES or mode not in MODES or (case_key and case_key not in known):
+            raise ValueError(f"unknown step run {name!r}; write [CASE:]RECIPE/MODE with RECIPE one of {RECIPES}, "
+                             f"MODE one of {MODES} and CASE one of {sorted(known)}")
+        parsed.append((case_key, (recipe, mode)))
+    return tuple(Case(c.preset, c.batch, tuple(r for k, r in parsed if k in ("", c.key))) for c in cases)
 
-    def kept(case: Case) -> tuple[tuple[str, str], ...]:
-        named = [r.split(":")[-1] for r in runs if ":" not in r or r.startswith(f"{case.key}:")]
-        return tuple(run for run in (tuple(r.split("/")) for r in named) if run in case.runs)
 
-    return tuple(Case(c.preset, c.batch, kept(c)) for c in cases)
-
-
-def step_markdown(step: dict) -> list[str]:
-    """The step section of the bench summary: one table per case."""
+def markdown(step: dict) -> list[str]:
+    """This section of the bench summary: one table per case."""
     lines: list[str] = []
     for key, case in step["cases"].items():
         lines += ["", f"Training steps of `{case['preset']}`, micro-batch {case['batch']} x {case['seq_len']} "

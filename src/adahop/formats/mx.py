@@ -89,6 +89,13 @@ class MXTensor:
         )
 
 
+def storage_shapes(outer: int, length: int, fmt: str, block_size: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(codes bytes, E8M0 scales) shapes of ``outer`` rows of ``length`` elements blocked along
+    the rows, the block axis padded to whole blocks (the storage of a 2-D MXTensor)."""
+    padded = -(-length // block_size) * block_size
+    return (outer, padded * ELEMENT_FORMATS[fmt].bits // 8), (outer, padded // block_size)
+
+
 def check_quantize_args(
     x: torch.Tensor, fmt: str, block_size: int, scale_rule: str, rounding: str, axis: int = -1
 ) -> None:

@@ -76,3 +76,34 @@ def noise_bits(seed: int, offsets: torch.Tensor) -> torch.Tensor:
 def uniform(seed: int, offsets: torch.Tensor) -> torch.Tensor:
     """float32 noise in [0, 1) on the ``2**-16`` grid, one value per (non-negative) offset."""
     return noise_bits(seed, offsets).to(torch.float32) * (2.0**-NOISE_BITS)
+
+
+def noise_runs(seed: int, counters: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """``noise_bits`` of the eight offsets ``8 * c + (0, ..., 7)`` of every call counter ``c``.
+
+    The same bits as ``noise_bits`` for a fraction of its work: one Philox call per counter rather
+    than per element, and the 64-bit product of each round taken in one int64 multiply (which
+    wraps modulo 2**64, so its two words are exact) instead of four 16-bit partial products.
+    Returns int32 of ``counters``' shape with a new axis of size eight at ``dim``.
+    """
+    seed &= (1 << 64) - 1
+    k0, k1 = seed & _MASK32, (seed >> 32) & _MASK32
+    counters = counters.to(torch.int64)
+    c0, c1 = counters & _MASK32, counters >> 32
+    c2 = c3 = torch.zeros_like(c0)
+    for _ in range(PHILOX_ROUNDS):
+        # c1 and c3 keep the full products: only their low words are ever read (by an xor
+        # whose result is masked), so the mask is applied once, to the words that get multiplied.
+        p_a, p_b = c0 * PHILOX_ROUND_A, c2 * PHILOX_ROUND_B
+        c0 = (p_b >> 32).bitwise_xor_(c1).bitwise_xor_(k0).bitwise_and_(_MASK32)
+        c2 = (p_a >> 32).bitwise_xor_(c3).bitwise_xor_(k1).bitwise_and_(_MASK32)
+        c1, c3 = p_b, p_a
+        k0 = (k0 + PHILOX_KEY_A) & _MASK32
+        k1 = (k1 + PHILOX_KEY_B) & _MASK32
+    dim = dim % (counters.dim() + 1)
+    shape = (*counters.shape[:dim], VALUES_PER_CALL, *counters.shape[dim:])
+    out = torch.empty(shape, dtype=torch.int32, device=counters.device)
+    for i, word in enumerate((c0, c1, c2, c3)):
+        torch.bitwise_and(word, 0xFFFF, out=out.select(dim, 2 * i))
+        torch.bitwise_and(word >> NOISE_BITS, 0xFFFF, out=out.select(dim, 2 * i + 1))
+    return out

@@ -52,7 +52,11 @@ def shared_exponent(amax: torch.Tensor, fmt: ElementFormat, rule: str) -> torch.
         s = _exponent_bits(rounded) - fmt.emax
     elif rule == "rceil":
         descale = amax / fmt.max_normal
-        s = _exponent_bits(descale) + _has_mantissa(descale).to(torch.int32)
+        e = _exponent_bits(descale)
+        mantissa = descale.view(torch.int32) & _F32_MANTISSA_MASK
+        # A subnormal descale is mantissa * 2**-149: above 2**-127 only when mantissa > 2**22.
+        up = torch.where(e == -E8M0_BIAS, mantissa > (1 << (_F32_MBITS - 1)), mantissa != 0)
+        s = e + up.to(torch.int32)
     else:
         raise ValueError(f"unknown scale_rule {rule!r}; choose one of {SCALE_RULES}")
     return torch.clamp(s, -E8M0_BIAS, E8M0_BIAS)

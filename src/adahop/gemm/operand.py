@@ -72,16 +72,6 @@ class GemmOperand:
             quantized, rest = MXTensor(parts[0], parts[1], *meta), parts[2:]
         return cls(quantized, *rest)
 
-    def saved_bytes(self) -> int:
-        """Bytes this operand keeps alive (what saving it for backward costs)."""
-        total = 0
-        for t in (self.quantized, self.dense, self.rows, self.extracted):
-            if isinstance(t, MXTensor):
-                total += t.nbytes
-            elif t is not None:
-                total += t.numel() * t.element_size()
-        return total
-
 
 def outlier_rows(t: torch.Tensor, k: int) -> torch.Tensor:
     """Indices of the ``k`` rows with the largest abs-max: the rows that would set block scales."""
@@ -128,13 +118,12 @@ def prepare_operand(
     *,
     oe_k: int = 64,
     seed: torch.Tensor | int = 0,
-    keep_dense: bool | None = None,
     fold: bool = False,
 ) -> GemmOperand:
     """Prepare ``t`` ([rows, K]) as the ``side`` ("L" or "R") operand of a GEMM run with ``strategy``.
 
-    ``keep_dense`` defaults to what the strategy needs: the other side's extracted rows are
-    multiplied with this operand in high precision. ``fold``: the GEMM consumes this operand
+    The operand keeps its high-precision form only when the strategy needs it: the other side's
+    extracted rows are multiplied with it in high precision. ``fold``: the GEMM consumes this operand
     right away on folded FP8 (``ops.folds_into_fp8``), so a row-major one is quantized straight
     into that form; operands kept for later (saved for backward) stay packed MXFP4.
     """
@@ -147,10 +136,8 @@ def prepare_operand(
         strategy is Strategy.OE_RIGHT and side == "R"
     )
     extracts_other = strategy in (Strategy.OE_LEFT, Strategy.OE_RIGHT) and not extracts_here
-    if keep_dense is None:
-        keep_dense = extracts_other
     rotate = strategy is not Strategy.MXFP4
-    op = GemmOperand(dense=t if keep_dense else None)
+    op = GemmOperand(dense=t if extracts_other else None)
     if extracts_here:
         # Rows are quantized independently (blocks and Hadamard blocks run along K), so the
         # extracted rows need not be zeroed first: their products are overwritten in tn_matmul.

@@ -8,7 +8,8 @@ FOLD_OFFSET)`` is the row's scale. Blocks further down lose their smallest eleme
 round-to-nearest-even underflow; the fold counts those elements per row instead of hiding them.
 
 ``fold_to_fp8`` runs a Triton kernel (one read of the packed codes and scales, one write of
-FP8) on CUDA or under ``TRITON_INTERPRET=1``, and ``fold_to_fp8_reference`` elsewhere.
+FP8) on CUDA or under ``TRITON_INTERPRET=1``; ``adahop.ops.fold_fp8`` chooses between it and
+``fold_to_fp8_reference``.
 """
 
 from __future__ import annotations
@@ -216,8 +217,11 @@ class FoldConfig:
 def fold_to_fp8(mx: MXTensor, config: FoldConfig = FoldConfig()) -> FoldedFP8:
     """Fold an [R, K] MXFP4 matrix (blocks along K) into E4M3 data and per-row scales."""
     check_fold_operand(mx)
-    if not (mx.device.type == "cuda" or INTERPRET) or mx.block_size % (2 * PIECE_BYTES):
-        return fold_to_fp8_reference(mx)  # no Triton device, or blocks the tiles can't split
+    if not (mx.device.type == "cuda" or INTERPRET):
+        raise RuntimeError(f"fold_to_fp8 runs on CUDA (or under TRITON_INTERPRET=1), got a tensor on {mx.device}; "
+                           "use fold_to_fp8_reference, or adahop.ops.fold_fp8 which picks one")
+    if mx.block_size % (2 * PIECE_BYTES):
+        raise ValueError(f"fold_to_fp8 needs blocks of a multiple of {2 * PIECE_BYTES} elements, got {mx.block_size}")
     n_rows, n_blocks = mx.scales.shape
     device = mx.data.device
     data = torch.empty(n_rows, n_blocks * mx.block_size // 2, dtype=torch.int16, device=device)

@@ -10,12 +10,14 @@ an FMA is exact). The one exception, ``round_to_bf16``, uses the hardware cast w
 import triton
 import triton.language as tl
 
+from ..formats import scales
+
 F32_MBITS = tl.constexpr(23)
 F32_BIAS = tl.constexpr(127)
 F32_ABS_MASK = tl.constexpr(0x7FFFFFFF)
 F32_MANTISSA_MASK = tl.constexpr(0x7FFFFF)
 F32_INF_BITS = tl.constexpr(0x7F800000)
-E8M0_NAN = tl.constexpr(255)
+E8M0_NAN = tl.constexpr(scales.E8M0_NAN)
 # Adding 1.5 * 2**23 (bits 0x4B400000) rounds a float32 in [0, 2**22) to an integer, ties to even.
 RNE_MAGIC_BITS = tl.constexpr(0x4B400000)
 RNE_MAGIC = tl.constexpr(12582912.0)  # the same constant as a float: 1.5 * 2**23
@@ -99,7 +101,11 @@ def shared_exponent(amax_bits, RULE: tl.constexpr, EMAX: tl.constexpr, MAX_NORMA
     else:  # "rceil": the division is correctly rounded, like torch's
         amax = amax_bits.to(tl.float32, bitcast=True)
         descale = tl.math.div_rn(amax, MAX_NORMAL).to(tl.int32, bitcast=True)
-        s = exponent_field(descale) + ((descale & F32_MANTISSA_MASK) != 0).to(tl.int32)
+        e = exponent_field(descale)
+        mantissa = descale & F32_MANTISSA_MASK
+        # A subnormal descale is mantissa * 2**-149: above 2**-127 only when mantissa > 2**22.
+        up = tl.where(e == -F32_BIAS, mantissa > 0x400000, mantissa != 0)
+        s = e + up.to(tl.int32)
     return tl.minimum(tl.maximum(s, -F32_BIAS), F32_BIAS)
 
 

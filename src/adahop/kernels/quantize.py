@@ -39,7 +39,7 @@ import triton
 import triton.language as tl
 
 from ..formats.elements import ElementFormat, encode_e2m1, encode_fp8
-from ..formats.mx import ELEMENT_FORMATS, MXTensor, check_quantize_args
+from ..formats.mx import ELEMENT_FORMATS, MXTensor, check_quantize_args, storage_shapes
 from ..transforms.hadamard import check_hadamard_args
 from .mx_math import (
     E8M0_NAN,
@@ -443,6 +443,18 @@ class _LaunchPlan:
     constexprs: dict
 
 
+def common_constexprs(dtype: torch.dtype, on_cuda: bool, fmt: str, scale_rule: str, rounding: str,
+                      has_signs: bool) -> dict:
+    """Compile-time arguments every quantize kernel takes: input handling, scale rule, rounding
+    and the element format's facts."""
+    efmt = ELEMENT_FORMATS[fmt]
+    return dict(
+        INPUT_BF16=dtype == torch.bfloat16, ROUND_TO={torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, ""),
+        NATIVE_CASTS=on_cuda, HAS_SIGNS=has_signs, RULE=scale_rule, STOCHASTIC=rounding == "stochastic",
+        EMAX=efmt.emax, EMIN=efmt.emin, MBITS=efmt.mbits, MAX_NORMAL=efmt.max_normal, MAX_CODE=_max_code(efmt),
+    )
+
+
 @functools.cache
 def _zero_seed(device: torch.device) -> torch.Tensor:
     """The key a round-to-nearest launch passes (and never uses): one tensor per device, made
@@ -459,11 +471,6 @@ def _seed_on(device: torch.device, seed: int | torch.Tensor | None) -> torch.Ten
     if isinstance(seed, torch.Tensor):
         return seed.to(device=device, dtype=torch.int64)
     return torch.tensor(seed, dtype=torch.int64, device=device)
-
-
-def _storage_shapes(outer: int, length: int, efmt: ElementFormat, block_size: int):
-    padded = -(-length // block_size) * block_size
-    return (outer, padded * efmt.bits // 8), (outer, padded // block_size)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -498,12 +505,8 @@ def _launch_plan(
 
     m_padded, n_padded = cdiv(M, block_size) * block_size, cdiv(N, block_size) * block_size
     # Compile-time arguments every kernel takes: input handling, scale rule, rounding, format.
-    constexprs = dict(
-        INPUT_BF16=dtype == torch.bfloat16, ROUND_TO={torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, ""),
-        NATIVE_CASTS=on_cuda, HAS_SIGNS=signs_shape is not None, RULE=scale_rule,
-        STOCHASTIC=rounding == "stochastic", EMAX=efmt.emax, EMIN=efmt.emin, MBITS=efmt.mbits,
-        MAX_NORMAL=efmt.max_normal, MAX_CODE=_max_code(efmt), num_warps=tiling.num_warps,
-    )
+    constexprs = common_constexprs(dtype, on_cuda, fmt, scale_rule, rounding, signs_shape is not None)
+    constexprs["num_warps"] = tiling.num_warps
     grid = (cdiv(M, tiling.block_m), cdiv(N, tiling.block_n))
     hadamard_scale = 1 / math.sqrt(hb) if hb else 1.0
     per_unit = _codes_per_unit(efmt, block_size)
@@ -524,8 +527,8 @@ def _launch_plan(
         )
     return _LaunchPlan(
         kernel, grid,
-        _storage_shapes(M, N, efmt, block_size) if rowwise else None,
-        _storage_shapes(N, M, efmt, block_size) if colwise else None,
+        storage_shapes(M, N, fmt, block_size) if rowwise else None,
+        storage_shapes(N, M, fmt, block_size) if colwise else None,
         per_unit * efmt.bits == 32, sizes, hadamard_scale, constexprs,
     )
 

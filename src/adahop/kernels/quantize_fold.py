@@ -22,11 +22,11 @@ import triton
 import triton.language as tl
 
 from ..formats.folded import FoldedFP8
-from ..formats.mx import ELEMENT_FORMATS, check_quantize_args
+from ..formats.mx import check_quantize_args
 from ..transforms.hadamard import check_hadamard_args
 from .fold import FLUSH_SHIFT, FOLD_OFFSET, _fold_nibbles
 from .mx_triton import INTERPRET, cdiv
-from .quantize import _max_code, _seed_on, _zero_seed, row_blocks, row_codes
+from .quantize import _seed_on, _zero_seed, common_constexprs, row_blocks, row_codes
 
 BLOCK = 32  # MXFP4 block, also the Hadamard block this kernel fuses
 ELEMENTS_PER_THREAD = 32  # one block per thread, as in the row-wise quantize kernel
@@ -136,7 +136,6 @@ def quantize_fold_fp8(
         raise RuntimeError("quantize_fold_fp8 runs on CUDA (or under TRITON_INTERPRET=1); use the reference")
     M, N = x.shape
     block_m, block_n, warps = _tile(N, x.is_cuda)
-    efmt = ELEMENT_FORMATS["mxfp4"]
     data = torch.empty(M, N, dtype=torch.uint8, device=x.device)
     # Separate tensors, not views of one: a custom op's outputs may not alias each other.
     row_scale = torch.empty(M, dtype=torch.float32, device=x.device)
@@ -147,11 +146,7 @@ def quantize_fold_fp8(
         x if signs is None else signs.to(device=x.device, dtype=torch.float32).contiguous(),
         data, row_scale.view(torch.int32), lossy, M, N, x.stride(0), seed_ptr,
         1 / math.sqrt(hadamard_block_size) if hadamard_block_size else 1.0,
-        BLOCK_M=block_m, BLOCK_N=block_n, HADAMARD=hadamard_block_size,
-        INPUT_BF16=x.dtype == torch.bfloat16,
-        ROUND_TO={torch.bfloat16: "bf16", torch.float16: "fp16"}.get(x.dtype, ""),
-        NATIVE_CASTS=x.is_cuda, HAS_SIGNS=signs is not None, RULE=scale_rule,
-        STOCHASTIC=rounding == "stochastic", EMAX=efmt.emax, EMIN=efmt.emin, MBITS=efmt.mbits,
-        MAX_NORMAL=efmt.max_normal, MAX_CODE=_max_code(efmt), num_warps=warps,
+        BLOCK_M=block_m, BLOCK_N=block_n, HADAMARD=hadamard_block_size, num_warps=warps,
+        **common_constexprs(x.dtype, x.is_cuda, "mxfp4", scale_rule, rounding, signs is not None),
     )
     return FoldedFP8(data.view(torch.float8_e4m3fn), row_scale, lossy)

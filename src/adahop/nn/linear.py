@@ -80,10 +80,7 @@ class _AdaHOPLinearFn(torch.autograd.Function):
         # Backward operands, prepared now from the high-precision tensors (quantize and
         # transpose do not commute): Xᵀ is wgrad's R, Wᵀ is dgrad's R.
         wgrad_r = prepare_operand(x.t(), plan.wgrad, "R", cfg.act, oe_k=cfg.oe_k)
-        dgrad_r = prepare_operand(
-            weight.t(), plan.dgrad, "R", cfg.act, oe_k=cfg.oe_k,
-            keep_dense=plan.dgrad in (Strategy.BF16, Strategy.OE_LEFT),
-        )
+        dgrad_r = prepare_operand(weight.t(), plan.dgrad, "R", cfg.act, oe_k=cfg.oe_k)
         (w_parts, w_meta), (d_parts, d_meta) = wgrad_r.pack(), dgrad_r.pack()
         ctx.save_for_backward(*w_parts, *d_parts)
         ctx.split, ctx.metas, ctx.cfg = len(w_parts), (w_meta, d_meta), cfg

@@ -4,7 +4,6 @@ Pure bookkeeping on top of plain tensors: nothing here quantizes (see ``adahop.f
 """
 
 from .calibration import (
-    DEFAULT_CALIBRATION_STEPS,
     ModelPlan,
     PatternRecorder,
     PatternVotes,
@@ -35,7 +34,6 @@ from .strategies import (
 )
 
 __all__ = [
-    "DEFAULT_CALIBRATION_STEPS",
     "DEFAULT_THRESHOLD",
     "GEMMS",
     "LEVEL1",

@@ -20,9 +20,8 @@ from torch import nn
 
 from ..atomic import atomic_file
 from .patterns import DEFAULT_THRESHOLD, PATTERNS, Pattern, check_pattern, detect_pattern
-from .strategies import GEMMS, ROLES, LayerPlan, StrategyTable, plan_for_patterns
+from .strategies import DEFAULT_TABLE, GEMMS, ROLES, LayerPlan, StrategyTable, plan_for_patterns
 
-DEFAULT_CALIBRATION_STEPS = 30
 PLAN_VERSION = 1
 
 
@@ -75,7 +74,7 @@ class PatternVotes:
             self._counts[role] = Counter({p: int(c) for p, c in zip(PATTERNS, counts[i].tolist()) if c})
             self._last_seen[role] = {p: int(t) for p, t in zip(PATTERNS, seen[i].tolist()) if t}
 
-    def plan(self, table: str | StrategyTable | Mapping = "lv1") -> LayerPlan:
+    def plan(self, table: str | StrategyTable | Mapping = DEFAULT_TABLE) -> LayerPlan:
         """The layer's frozen plan from the majority pattern of each tensor."""
         return plan_for_patterns(*(self.majority(role) for role in ROLES), table)
 
@@ -152,7 +151,7 @@ class ModelPlan(Mapping[str, LayerPlan]):
         self._layers = dict(layers or {})
 
     @classmethod
-    def from_votes(cls, votes: Mapping[str, PatternVotes], table: str | StrategyTable | Mapping = "lv1") -> ModelPlan:
+    def from_votes(cls, votes: Mapping[str, PatternVotes], table: str | StrategyTable | Mapping = DEFAULT_TABLE) -> ModelPlan:
         return cls({name: v.plan(table) for name, v in votes.items()})
 
     def __getitem__(self, name: str) -> LayerPlan:

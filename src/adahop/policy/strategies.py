@@ -204,8 +204,11 @@ class LayerPlan:
         return cls(**{gemm: d[gemm] for gemm in GEMMS}, patterns=d.get("patterns"))
 
 
+DEFAULT_TABLE = "lv2"  # the library's default everywhere a table can be left out (Recipe too)
+
+
 def plan_for_patterns(
-    px: Pattern, pw: Pattern, pg: Pattern, table: str | StrategyTable | Mapping = "lv1"
+    px: Pattern, pw: Pattern, pg: Pattern, table: str | StrategyTable | Mapping = DEFAULT_TABLE
 ) -> LayerPlan:
     """Look up each GEMM's pattern pair in ``table``; wgrad OE-left falls back to IHT."""
     table = get_table(table)

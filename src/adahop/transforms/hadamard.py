@@ -105,3 +105,22 @@ def hadamard_transform(
         v = v * signs.to(device=x.device, dtype=work)
     v = walsh_hadamard_butterfly(v) * torch.tensor(1 / math.sqrt(block_size), dtype=work)
     return v.flatten(-2).movedim(-1, axis).to(x.dtype)
+
+
+def walsh_hadamard_rows(v: torch.Tensor, block_size: int) -> torch.Tensor:
+    """``walsh_hadamard_butterfly`` over blocks along dim 1 of a contiguous ``[P, K, Q]`` tensor.
+
+    The same stages and the same additions, so the same bits, but K is not moved last: the pair
+    ``(v[:, i], v[:, i + h])`` is two contiguous rows of Q values, and each stage is one add and
+    one subtract over the whole tensor instead of many short strided ones.
+    """
+    p, k, q = v.shape
+    src, dst = v, torch.empty_like(v)
+    h = 1
+    while h < block_size:
+        s, d = src.view(p, k // (2 * h), 2, h, q), dst.view(p, k // (2 * h), 2, h, q)
+        torch.add(s[:, :, 0], s[:, :, 1], out=d[:, :, 0])
+        torch.sub(s[:, :, 0], s[:, :, 1], out=d[:, :, 1])
+        src, dst = dst, (torch.empty_like(v) if src is v else src)
+        h *= 2
+    return src
