@@ -1,6 +1,6 @@
 """Train a small random-init Hugging Face Llama with adahop on CPU, save it, load it back.
 
-    python examples/hf_llama.py --steps 30 --out /tmp/hf_llama_adahop
+    python examples/hf_llama.py --steps 30 --out /tmp/hf_llama_adahop   # under a minute on two CPU cores
 
 The data is synthetic and learnable: each sequence counts modulo the vocabulary from a random
 start with a random stride, so the next token follows from the previous two.
