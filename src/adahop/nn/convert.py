@@ -15,7 +15,8 @@ from .linear import AdaHOPLinear
 ModuleFilter = Callable[[nn.Module, str], bool]
 
 
-def _excluded(name: str, patterns: tuple[str, ...]) -> bool:
+def excluded(name: str, patterns: tuple[str, ...]) -> bool:
+    """True if ``name`` or its last part matches one of the fnmatch ``patterns``."""
     leaf = name.rsplit(".", 1)[-1]
     return any(fnmatch(name, p) or fnmatch(leaf, p) for p in patterns)
 
@@ -46,7 +47,7 @@ def convert_model(
         (name, module)
         for name, module in model.named_modules()
         if type(module) is nn.Linear
-        and not _excluded(name, recipe.exclude)
+        and not excluded(name, recipe.exclude)
         and (filter_fn is None or filter_fn(module, name))
     ]
     for layer_id, (name, linear) in enumerate(targets):

@@ -6,7 +6,7 @@ Life of a layer under an adaptive recipe:
    autocast) while hooks record the outlier patterns of X, W and dY every training step.
 2. **Freeze**: once every tensor has ``recipe.calibration_steps`` votes, the majority patterns
    pick a (forward, dgrad, wgrad) strategy from the recipe's table; the plan never changes again
-   and is saved in the state_dict (``_extra_state``).
+   and is saved in the state_dict (``_extra_state``, an int64 tensor: ``adahop.nn.state``).
 3. **Training**: each GEMM runs BF16, MXFP4, IHT (inner Hadamard + MXFP4), OE-left or OE-right.
 
 Fixed recipes (``bf16``, ``mxfp4``, ``mxfp4_hadamard``) skip calibration. X and W round to nearest,
@@ -36,6 +36,7 @@ from ..policy.calibration import PatternVotes, attach_pattern_hooks
 from ..policy.strategies import ROLES, LayerPlan, Strategy
 from ..recipes import Recipe, get_recipe
 from ..transforms import random_signs
+from .state import decode_state, encode_state, new_state
 
 SEED_BOUND = 1 << 62
 
@@ -124,6 +125,7 @@ class AdaHOPLinear(nn.Linear):
         self.recipe = get_recipe(recipe)
         self.layer_id = layer_id
         self.votes = PatternVotes()
+        self._extra_state = new_state()
         # Random-sign Hadamard variant: one seeded vector for every layer and replica; a
         # non-persistent buffer so it follows .to(device) and leaves the state_dict keys alone.
         self.register_buffer("hadamard_signs", self._make_signs(device), persistent=False)
@@ -184,7 +186,10 @@ class AdaHOPLinear(nn.Linear):
 
     def _apply(self, fn, recurse: bool = True):
         module = super()._apply(fn, recurse)
-        self._build_specs()  # the signs buffer may be a new tensor now
+        signs = self.hadamard_signs
+        if signs is not None:  # rebuilt, not moved: ``to_empty`` (meta-device init) leaves garbage
+            self.hadamard_signs = self._make_signs(signs.device).to(signs.dtype)
+        self._build_specs()
         return module
 
     def _gemm_config(self, seeds: torch.Tensor) -> GemmConfig:
@@ -229,18 +234,22 @@ class AdaHOPLinear(nn.Linear):
         return y if bias is None else y + bias
 
     # ---- state ----------------------------------------------------------------------------
-    def get_extra_state(self) -> dict[str, Any]:
-        return {
-            "plan": None if self.plan is None else self.plan.to_dict(),
-            "votes": self.votes.state_dict(),
-        }
+    def get_extra_state(self) -> torch.Tensor:
+        """The plan and votes as one fixed-shape int64 tensor (see ``adahop.nn.state``).
 
-    def set_extra_state(self, state: dict[str, Any]) -> None:
-        if not isinstance(state, dict) or not {"plan", "votes"} <= state.keys():
-            raise ValueError(f"corrupt AdaHOPLinear extra state: {state!r}")
-        self.votes.load_state_dict(state["votes"])
-        if state["plan"] is not None:
-            self.set_plan(LayerPlan.from_dict(state["plan"]))
+        The same tensor object on every call, updated in place, so a checkpointer that caches
+        the state_dict once (torchtitan 0.2) sees the current plan after ``refresh_extra_state``.
+        """
+        return self.refresh_extra_state()
+
+    def refresh_extra_state(self) -> torch.Tensor:
+        return encode_state(self.plan, self.votes, self._extra_state)
+
+    def set_extra_state(self, state: torch.Tensor | dict[str, Any]) -> None:
+        plan, votes = decode_state(state)
+        self.votes.load_state_dict(votes)
+        if plan is not None:
+            self.set_plan(plan)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
         # A plain nn.Linear checkpoint has no plan: load it and keep calibrating.
