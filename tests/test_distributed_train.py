@@ -24,7 +24,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from adahop.nn import model_plan
-from adahop.policy import LayerPlan, ModelPlan
+from adahop.nn.state import decode_state
+from adahop.policy import ModelPlan
 from adahop.train import (
     Trainer,
     build_model_from_config,
@@ -193,7 +194,8 @@ def test_ranks_freeze_one_plan_from_merged_votes_and_save_it_once(runs):
     assert err0.count("strategy plan frozen") == 1 and "strategy plan frozen" not in err1
     saved = ModelPlan.load(run / "plan.json").to_json()
     for state in rank_states(run / "checkpoints" / "step_0000006"):
-        assert ModelPlan({name: LayerPlan.from_dict(layer["plan"]) for name, layer in state["layers"].items()}).to_json() == saved
+        plans = {name: decode_state(layer)[0] for name, layer in state["layers"].items()}
+        assert ModelPlan(plans).to_json() == saved
     model = build_model_from_config(load_config(run / "config.toml"))  # what `adahop analyze` does
     assert load_checkpoint(run, model)["step"] == 6
     assert model_plan(model).to_json() == saved
