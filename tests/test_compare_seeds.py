@@ -53,7 +53,9 @@ def test_groups_seeds_by_recipe_with_spread_and_paired_gap(seed_runs, tmp_path, 
     assert "inside the noise (paired)" in stem.with_suffix(".md").read_text()
     assert "beyond the noise" in capsys.readouterr().out
     assert stem.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
-    assert len(json.loads(stem.with_suffix(".json").read_text())) == 9  # per-run rows are kept
+    per_run = json.loads(stem.with_suffix(".json").read_text())
+    assert len(per_run) == 9 and [r["seed"] for r in per_run[3:6]] == [0, 1, 2]
+    assert [r["val_gap_to_bf16"] for r in per_run[3:6]] == pytest.approx(gaps)  # to bf16 of the same seed
 
 
 def test_unmatched_seeds_use_the_welch_error_and_one_seed_has_no_error_bar(tmp_path):

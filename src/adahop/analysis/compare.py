@@ -36,13 +36,16 @@ def _ema(values: list[float], beta: float = SMOOTHING) -> list[float]:
 
 
 def comparison_rows(runs: list[RunRecord]) -> list[dict]:
-    """Final train/val loss of each run and its gap to the (first) bf16 run, if there is one."""
-    base = next((r for r in runs if r.recipe == "bf16"), None)
+    """Final train/val loss of each run and its gap to the bf16 run of the same seed (else the
+    first bf16 run), if there is one."""
+    bf16 = [r for r in runs if r.recipe == "bf16"]
     rows = []
     for r in runs:
+        base = next((b for b in bf16 if b.seed == r.seed), bf16[0] if bf16 else None)
         row = {
             "run": str(r.path),
             "recipe": r.recipe,
+            "seed": r.seed,
             "steps": r.train_steps[-1] if r.train_steps else 0,
             "final_train_loss": r.final_train_loss(),
             "final_val_loss": r.final_val_loss(),
@@ -169,14 +172,14 @@ def _fmt(v: float, signed: bool = False) -> str:
 
 def markdown_table(rows: list[dict]) -> str:
     has_gap = any("train_gap_to_bf16" in r for r in rows)
-    head = "| recipe | steps | final train loss | final val loss |"
-    sep = "|---|---:|---:|---:|"
+    head = "| recipe | seed | steps | final train loss | final val loss |"
+    sep = "|---|---:|---:|---:|---:|"
     if has_gap:
         head += " train gap to bf16 | val gap to bf16 |"
         sep += "---:|---:|"
     lines = [head, sep]
     for r in rows:
-        line = f"| {r['recipe']} | {r['steps']} | {_fmt(r['final_train_loss'])} | {_fmt(r['final_val_loss'])} |"
+        line = f"| {r['recipe']} | {r['seed']} | {r['steps']} | {_fmt(r['final_train_loss'])} | {_fmt(r['final_val_loss'])} |"
         if has_gap:
             line += f" {_fmt(r.get('train_gap_to_bf16'), True)} | {_fmt(r.get('val_gap_to_bf16'), True)} |"
         lines.append(line)
@@ -184,12 +187,12 @@ def markdown_table(rows: list[dict]) -> str:
 
 
 def print_table(rows: list[dict], console: Console) -> None:
-    table = Table(title="final losses (train: mean of the last 10% of logged steps)")
-    for col in ("recipe", "steps", "train loss", "val loss", "train gap", "val gap"):
+    table = Table(title="final losses (train: mean of the last 10% of logged steps; gap: to bf16 of the same seed)")
+    for col in ("recipe", "seed", "steps", "train loss", "val loss", "train gap", "val gap"):
         table.add_column(col, justify="left" if col == "recipe" else "right")
     for r in rows:
         table.add_row(
-            r["recipe"], str(r["steps"]), _fmt(r["final_train_loss"]), _fmt(r["final_val_loss"]),
+            r["recipe"], str(r["seed"]), str(r["steps"]), _fmt(r["final_train_loss"]), _fmt(r["final_val_loss"]),
             _fmt(r.get("train_gap_to_bf16"), True), _fmt(r.get("val_gap_to_bf16"), True),
         )
     console.print(table)
