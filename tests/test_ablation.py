@@ -9,6 +9,7 @@ from adahop.nn import AdaHOPLinear, convert_model, load_plan, model_plan
 from adahop.policy.calibration import ModelPlan
 from adahop.policy.strategies import LayerPlan, Strategy
 from adahop.recipes import Recipe, get_recipe
+from adahop.train.checkpoint import CheckpointError, check_matches
 from adahop.train.config import ConfigError, TrainConfig, apply_override
 
 from conftest import SMALL_MODEL
@@ -74,3 +75,11 @@ def test_bad_ablation_values_are_one_line_errors_listing_the_choices():
     assert Recipe.from_dict(cfg.recipe.to_dict()) == cfg.recipe
     with pytest.raises(ConfigError, match="not one of"):
         apply_override(cfg, "recipe.bf16_gemms", "wgard")
+
+
+def test_a_checkpoint_written_before_the_ablation_fields_still_matches_its_config(tmp_path):
+    current = TrainConfig().to_dict()
+    saved = {**current, "recipe": {k: v for k, v in current["recipe"].items() if not k.startswith("bf16_")}}
+    check_matches(tmp_path / "old.pt", saved, current)
+    with pytest.raises(CheckpointError, match="bf16_gemms"):
+        check_matches(tmp_path / "old.pt", saved, {**current, "recipe": {**current["recipe"], "bf16_gemms": ["wgrad"]}})
