@@ -75,6 +75,8 @@ def test_bad_ablation_values_are_one_line_errors_listing_the_choices():
     assert Recipe.from_dict(cfg.recipe.to_dict()) == cfg.recipe
     with pytest.raises(ConfigError, match="not one of"):
         apply_override(cfg, "recipe.bf16_gemms", "wgard")
+    with pytest.raises(ValueError, match=r"pattern '\*\.w9' matches no converted layer; names look like \['layers.0"):
+        convert_model(build_model("tiny", vocab_size=64, **SMALL_MODEL), {"name": "mxfp4", "bf16_layers": ["*.w9"]})
 
 
 def test_a_checkpoint_written_before_the_ablation_fields_still_matches_its_config(tmp_path):

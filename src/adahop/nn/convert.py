@@ -44,6 +44,7 @@ def convert_model(
         and not name_matches(name, recipe.exclude)
         and (filter_fn is None or filter_fn(module, name))
     ]
+    _check_bf16_layers(recipe, [name for name, _ in targets])
     for layer_id, (name, linear) in enumerate(targets):
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
@@ -54,12 +55,23 @@ def convert_model(
     return model
 
 
+def _check_bf16_layers(recipe: Recipe, names: list[str]) -> None:
+    """A ``bf16_layers`` pattern that matches no converted layer is a typo, not an ablation."""
+    for pattern in recipe.bf16_layers:
+        if not any(name_matches(name, (pattern,)) for name in names):
+            raise ValueError(
+                f"recipe {recipe.name!r}: bf16_layers pattern {pattern!r} matches no converted layer; "
+                f"names look like {names[:3]} (fnmatch on the full name or its last part)"
+            )
+
+
 def _convert_root(
     linear: nn.Linear, recipe: Recipe, filter_fn: ModuleFilter | None, plan: ModelPlan | str | Path | None
 ) -> nn.Module:
     """``convert_model`` of a model that is itself an ``nn.Linear`` (its name is ``""``)."""
     if filter_fn is not None and not filter_fn(linear, ""):
         return linear
+    _check_bf16_layers(recipe, [""])
     layer = AdaHOPLinear.from_linear(linear, recipe, bf16_gemms=recipe.bf16_gemms_for(""))
     if plan is not None:
         load_plan(layer, plan)
