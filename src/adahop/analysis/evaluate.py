@@ -71,6 +71,7 @@ def evaluate(
         "checkpoint": str(state["path"]),
         "step": state["step"],
         "recipe": cfg.recipe.name,
+        "device": str(dev),  # "bf16" is float32 on the CPU, BF16 autocast on CUDA (training.autocast)
         "data": name,
         "part": part,
         "tokens": n,
