@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import math
+from pathlib import Path
 
 import pytest
 
-from adahop.analysis import analyze, compare
+from adahop.analysis import analyze, compare, evaluate
 from adahop.cli import main as adahop_main
 from adahop.policy import ModelPlan
 from conftest import SMALL_MODEL
@@ -90,3 +92,34 @@ def test_analyze_scores_do_not_depend_on_the_random_state(runs):
         torch.manual_seed(seed)
         reports.append([r.to_dict() for r in analyze.report_model(model, inputs, targets)])
     assert reports[0] == reports[1]
+
+
+def test_eval_on_the_training_source_matches_the_logged_validation_and_writes_json(runs, corpus, tmp_path, capsys):
+    out = tmp_path / "eval.json"
+    args = ["eval", str(runs["adahop_lv2"]), "--data", str(corpus), "--max-batches", "2", "--out", str(out)]
+    assert adahop_main(args) == 0
+    assert "every linear in BF16" in capsys.readouterr().out
+    report = json.loads(out.read_text())
+    assert report["part"] == "validation split" and report["step"] == 6 and report["tokens"] == 2 * 4 * 32
+    logged = compare.read_run(runs["adahop_lv2"]).val_loss[-1]  # the same 2 batches, same weights
+    assert report["as_trained"]["loss"] == pytest.approx(logged, abs=1e-6)
+    for key in ("as_trained", "bf16"):
+        assert report[key]["perplexity"] == pytest.approx(math.exp(report[key]["loss"]))
+    assert report["loss_gap"] == pytest.approx(report["as_trained"]["loss"] - report["bf16"]["loss"])
+    assert report["as_trained"]["loss"] != report["bf16"]["loss"]  # the plans quantize
+
+
+def test_eval_of_a_bf16_run_on_another_source_uses_all_of_it(runs, tmp_path):
+    other = tmp_path / "other.txt"
+    other.write_text(Path(__file__).read_text())
+    report = evaluate.evaluate(runs["bf16"], str(other), device="cpu")
+    assert report["part"] == "all" and report["tokens"] > 0
+    assert report["as_trained"] == report["bf16"]  # nothing to quantize
+
+
+def test_eval_bad_paths_and_data_are_one_line_errors(runs, tmp_path, capsys):
+    assert adahop_main(["eval", str(tmp_path / "missing"), "--data", "stdlib"]) == 2
+    assert "no such checkpoint" in capsys.readouterr().err
+    assert adahop_main(["eval", str(runs["bf16"]), "--data", str(tmp_path / "nothing.txt")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("adahop eval: error:") and err.count("\n") == 1

@@ -1,4 +1,4 @@
-"""``adahop`` command line: ``train``, ``compare``, ``analyze``, ``bench``.
+"""``adahop`` command line: ``train``, ``compare``, ``analyze``, ``eval``, ``bench``.
 
 Each subcommand lives with the code it drives and parses its own arguments.
 """
@@ -12,6 +12,7 @@ COMMANDS = {
     "train": ("adahop.train.cli", "pretrain a Llama-style model with a recipe"),
     "compare": ("adahop.analysis.compare", "plot and tabulate loss curves of several runs"),
     "analyze": ("adahop.analysis.analyze", "per-layer outlier report, heatmaps and strategies"),
+    "eval": ("adahop.analysis.evaluate", "held-out loss and perplexity, as trained and in BF16"),
     "bench": ("adahop.bench", "GPU benchmarks: GEMM routes, quantization, AdaHOPLinear"),
 }
 

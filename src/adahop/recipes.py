@@ -7,6 +7,10 @@
 | `mxfp4_hadamard` | uniform inner Hadamard (IHT) + MXFP4 on all three GEMMs                  |
 | `adahop_lv1`     | calibrate outlier patterns, then per-GEMM strategies from the level-1 table |
 | `adahop_lv2`     | same with the level-2 table (col-col GEMMs in BF16)                      |
+
+Ablations on top of any recipe: ``bf16_gemms`` keeps those GEMM roles ("forward", "dgrad",
+"wgrad") in BF16 in every converted layer, ``bf16_layers`` (fnmatch patterns on module names)
+keeps all three GEMMs of the matching layers in BF16; both override the frozen plan.
 """
 
 from __future__ import annotations
@@ -15,14 +19,21 @@ import dataclasses
 import json
 import tomllib
 from dataclasses import dataclass
+from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
 from .formats import ELEMENT_FORMATS, ROUNDING_MODES, SCALE_RULES
-from .policy.strategies import DEFAULT_TABLE, Strategy, get_table
+from .policy.strategies import DEFAULT_TABLE, GEMMS, Strategy, get_table
 from .transforms import HADAMARD_BLOCK_SIZES
 
 ADAPTIVE = "adaptive"
+
+
+def name_matches(name: str, patterns: tuple[str, ...]) -> bool:
+    """Whether a module name (or its last component) matches one of the fnmatch ``patterns``."""
+    leaf = name.rsplit(".", 1)[-1]
+    return any(fnmatch(name, p) or fnmatch(leaf, p) for p in patterns)
 
 
 @dataclass
@@ -44,9 +55,13 @@ class Recipe:
     calibration_steps: int = 30
     pattern_threshold: float = 2.0
     exclude: tuple[str, ...] = ("output", "lm_head")  # module names kept as nn.Linear (fnmatch)
+    bf16_gemms: tuple[str, ...] = ()  # GEMM roles kept in BF16 in every layer (ablation)
+    bf16_layers: tuple[str, ...] = ()  # module names (fnmatch) whose three GEMMs stay in BF16
 
     def __post_init__(self) -> None:
-        self.exclude = tuple(self.exclude)
+        for knob in ("exclude", "bf16_gemms", "bf16_layers"):
+            value = getattr(self, knob)
+            setattr(self, knob, (value,) if isinstance(value, str) else tuple(value))
         self.validate()
 
     @property
@@ -72,12 +87,19 @@ class Recipe:
                 raise ValueError(f"recipe {self.name!r}: {knob} must be >= 1")
         if self.pattern_threshold <= 1.0:
             raise ValueError(f"recipe {self.name!r}: pattern_threshold must be > 1")
+        for gemm in self.bf16_gemms:
+            check(gemm, GEMMS, "bf16_gemms entry")
         if self.adaptive:
             get_table(self.table)  # raises with the valid choices
 
+    def bf16_gemms_for(self, name: str) -> tuple[str, ...]:
+        """The GEMM roles that module ``name`` keeps in BF16 whatever its plan says."""
+        return GEMMS if name_matches(name, self.bf16_layers) else self.bf16_gemms
+
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        d["exclude"] = list(self.exclude)
+        for knob in ("exclude", "bf16_gemms", "bf16_layers"):
+            d[knob] = list(getattr(self, knob))
         return d
 
     @classmethod

@@ -66,16 +66,11 @@ def print_report(reports: list[LayerReport], console: Console) -> None:
 
 def load_trained_model(path: str | Path):
     """(model, held-out batch, checkpoint path) for a run directory or a checkpoint file."""
-    from ..train import build_data, build_model_from_config, load_checkpoint, load_config
-    from ..train.checkpoint import resolve_checkpoint
+    from ..train import build_data, load_run
 
-    checkpoint = resolve_checkpoint(path)
-    run_dir = checkpoint.parent.parent  # <run>/checkpoints/step_XXXXXXX.pt
-    cfg = load_config(run_dir / "config.toml")
-    model = build_model_from_config(cfg)
-    load_checkpoint(checkpoint, model, config=cfg.to_dict())
+    model, cfg, state = load_run(path)
     inputs, targets = next(iter(build_data(cfg, progress=False).val))
-    return model, (inputs, targets), checkpoint
+    return model, (inputs, targets), state["path"]
 
 
 def report_model(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> list[LayerReport]:

@@ -1,11 +1,19 @@
-"""``adahop compare RUN_DIR...``: loss curves of several runs in one PNG, and their gap to BF16."""
+"""``adahop compare RUN_DIR...``: loss curves of several runs in one PNG, and their gap to BF16.
+
+Runs of one recipe (same recipe fields, any seed) form a group: the table gives its mean final
+validation loss with the spread across seeds (std, n) and the gap to the BF16 group with its
+standard error, paired by seed when every seed has a BF16 run (else the two means' Welch error);
+a gap smaller than ``NOISE_SIGMAS`` standard errors is marked as inside the noise. The plot draws
+each group's mean curve with a band of one standard deviation across its seeds.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import math
+import statistics
+import sys
 from pathlib import Path
 
 from rich.console import Console
@@ -15,6 +23,7 @@ from ..atomic import save_figure, write_atomic
 from .runs import RunRecord, read_run
 
 SMOOTHING = 0.9  # EMA factor for the plotted train curves (raw curves drawn faintly)
+NOISE_SIGMAS = 2.0  # a gap to BF16 below this many standard errors is inside the noise
 
 
 def _ema(values: list[float], beta: float = SMOOTHING) -> list[float]:
@@ -27,13 +36,16 @@ def _ema(values: list[float], beta: float = SMOOTHING) -> list[float]:
 
 
 def comparison_rows(runs: list[RunRecord]) -> list[dict]:
-    """Final train/val loss of each run and its gap to the (first) bf16 run, if there is one."""
-    base = next((r for r in runs if r.recipe == "bf16"), None)
+    """Final train/val loss of each run and its gap to the bf16 run of the same seed (else the
+    first bf16 run), if there is one."""
+    bf16 = [r for r in runs if r.recipe == "bf16"]
     rows = []
     for r in runs:
+        base = next((b for b in bf16 if b.seed == r.seed), bf16[0] if bf16 else None)
         row = {
             "run": str(r.path),
             "recipe": r.recipe,
+            "seed": r.seed,
             "steps": r.train_steps[-1] if r.train_steps else 0,
             "final_train_loss": r.final_train_loss(),
             "final_val_loss": r.final_val_loss(),
@@ -45,21 +57,99 @@ def comparison_rows(runs: list[RunRecord]) -> list[dict]:
     return rows
 
 
+def _mean_std(values: list[float]) -> tuple[float, float | None]:
+    """Mean and sample standard deviation (None for fewer than two values)."""
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
+
+
+def group_runs(runs: list[RunRecord]) -> dict[str, list[RunRecord]]:
+    """Runs by recipe (``RunRecord.group``), in the order each recipe first appears."""
+    groups: dict[str, list[RunRecord]] = {}
+    for r in runs:
+        groups.setdefault(r.group or r.recipe, []).append(r)
+    return groups
+
+
+def _by_seed(runs: list[RunRecord]) -> dict[int, float] | None:
+    """Final validation loss per seed, or None when a seed is unknown or repeated."""
+    seeds = [r.seed for r in runs]
+    if None in seeds or len(set(seeds)) != len(seeds):
+        return None
+    return {r.seed: r.final_val_loss() for r in runs}
+
+
+def gap_to_bf16(runs: list[RunRecord], bf16: list[RunRecord]) -> tuple[float, float | None, str]:
+    """(gap of the mean final validation loss to BF16, its standard error or None for fewer than
+    two seeds, "paired" or "unpaired")."""
+    mine, base = _by_seed(runs), _by_seed(bf16)
+    if mine is not None and base is not None and mine.keys() <= base.keys():
+        gaps = [loss - base[seed] for seed, loss in mine.items()]
+        mean, std = _mean_std(gaps)
+        return mean, None if std is None else std / math.sqrt(len(gaps)), "paired"
+    (m, s), (mb, sb) = _mean_std([r.final_val_loss() for r in runs]), _mean_std([r.final_val_loss() for r in bf16])
+    se = None if s is None or sb is None else math.sqrt(s**2 / len(runs) + sb**2 / len(bf16))
+    return m - mb, se, "unpaired"
+
+
+def _verdict(gap: float, se: float | None) -> str:
+    if se is None or math.isnan(se) or math.isnan(gap):
+        return "no error bar (n < 2)"
+    return "inside the noise" if abs(gap) < NOISE_SIGMAS * se else "beyond the noise"
+
+
+def recipe_rows(runs: list[RunRecord]) -> list[dict]:
+    """One row per recipe: final validation loss over its seeds and the gap to the BF16 recipe."""
+    groups = group_runs(runs)
+    base = next((g for g, rs in groups.items() if rs[0].recipe == "bf16"), None)
+    rows = []
+    for label, rs in groups.items():
+        mean, std = _mean_std([r.final_val_loss() for r in rs])
+        row = {
+            "recipe": label, "n": len(rs), "seeds": [r.seed for r in rs],
+            "steps": sorted({r.train_steps[-1] if r.train_steps else 0 for r in rs}),
+            "final_val_loss_mean": mean, "final_val_loss_std": std,
+        }
+        if base is not None and label != base:
+            gap, se, pairing = gap_to_bf16(rs, groups[base])
+            row |= {"val_gap_to_bf16": gap, "gap_stderr": se, "pairing": pairing, "verdict": _verdict(gap, se)}
+        elif label == base:
+            row |= {"val_gap_to_bf16": 0.0, "verdict": "baseline"}
+        rows.append(row)
+    return rows
+
+
+def _band(curves: list[tuple[list[int], list[float]]]) -> tuple[list[int], list[float], list[float]]:
+    """(steps every curve logged, mean, std across curves; 0 for one curve)."""
+    steps = sorted(set.intersection(*(set(s) for s, _ in curves)))
+    at = [dict(zip(s, v)) for s, v in curves]
+    stats = [_mean_std([c[step] for c in at]) for step in steps]
+    return steps, [m for m, _ in stats], [sd or 0.0 for _, sd in stats]
+
+
+def _plot_band(ax, curves: list[tuple[list[int], list[float]]], color: str, label: str, marker: str = "") -> None:
+    steps, mean, std = _band(curves)
+    ax.plot(steps, mean, marker + "-", color=color, markersize=3, label=label)
+    ax.fill_between(steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], color=color, alpha=0.2)
+
+
 def plot_runs(runs: list[RunRecord], path: Path) -> None:
+    """Train (EMA) and validation curves: each recipe's mean over its seeds, a band of one std."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (ax_train, ax_val) = plt.subplots(1, 2, figsize=(13, 4.8))
-    for i, r in enumerate(runs):
-        color = f"C{i}"
-        ax_train.plot(r.train_steps, r.train_loss, color=color, alpha=0.2, linewidth=0.8)
-        ax_train.plot(r.train_steps, _ema(r.train_loss), color=color, label=r.label)
-        if r.val_steps:
-            ax_val.plot(r.val_steps, r.val_loss, "o-", color=color, markersize=3, label=r.label)
-    ax_train.set(title=f"train loss (EMA {SMOOTHING})", xlabel="step", ylabel="loss")
-    ax_val.set(title="validation loss", xlabel="step", ylabel="loss")
+    for i, (label, rs) in enumerate(group_runs(runs).items()):
+        color, name = f"C{i}", label if len(rs) == 1 else f"{label} (n={len(rs)})"
+        for r in rs:
+            ax_train.plot(r.train_steps, r.train_loss, color=color, alpha=0.15, linewidth=0.8)
+        if any(r.train_steps for r in rs):
+            _plot_band(ax_train, [(r.train_steps, _ema(r.train_loss)) for r in rs], color, name)
+        if all(r.val_steps for r in rs):
+            _plot_band(ax_val, [(r.val_steps, r.val_loss) for r in rs], color, name, marker="o")
+    ax_train.set(title=f"train loss (EMA {SMOOTHING}; band: ±1 std over seeds)", xlabel="step", ylabel="loss")
+    ax_val.set(title="validation loss (band: ±1 std over seeds)", xlabel="step", ylabel="loss")
     for ax in (ax_train, ax_val):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
@@ -82,14 +172,14 @@ def _fmt(v: float, signed: bool = False) -> str:
 
 def markdown_table(rows: list[dict]) -> str:
     has_gap = any("train_gap_to_bf16" in r for r in rows)
-    head = "| recipe | steps | final train loss | final val loss |"
-    sep = "|---|---:|---:|---:|"
+    head = "| recipe | seed | steps | final train loss | final val loss |"
+    sep = "|---|---:|---:|---:|---:|"
     if has_gap:
         head += " train gap to bf16 | val gap to bf16 |"
         sep += "---:|---:|"
     lines = [head, sep]
     for r in rows:
-        line = f"| {r['recipe']} | {r['steps']} | {_fmt(r['final_train_loss'])} | {_fmt(r['final_val_loss'])} |"
+        line = f"| {r['recipe']} | {r['seed']} | {r['steps']} | {_fmt(r['final_train_loss'])} | {_fmt(r['final_val_loss'])} |"
         if has_gap:
             line += f" {_fmt(r.get('train_gap_to_bf16'), True)} | {_fmt(r.get('val_gap_to_bf16'), True)} |"
         lines.append(line)
@@ -97,27 +187,59 @@ def markdown_table(rows: list[dict]) -> str:
 
 
 def print_table(rows: list[dict], console: Console) -> None:
-    table = Table(title="final losses (train: mean of the last 10% of logged steps)")
-    for col in ("recipe", "steps", "train loss", "val loss", "train gap", "val gap"):
+    table = Table(title="final losses (train: mean of the last 10% of logged steps; gap: to bf16 of the same seed)")
+    for col in ("recipe", "seed", "steps", "train loss", "val loss", "train gap", "val gap"):
         table.add_column(col, justify="left" if col == "recipe" else "right")
     for r in rows:
         table.add_row(
-            r["recipe"], str(r["steps"]), _fmt(r["final_train_loss"]), _fmt(r["final_val_loss"]),
+            r["recipe"], str(r["seed"]), str(r["steps"]), _fmt(r["final_train_loss"]), _fmt(r["final_val_loss"]),
             _fmt(r.get("train_gap_to_bf16"), True), _fmt(r.get("val_gap_to_bf16"), True),
         )
     console.print(table)
 
 
-def compare(run_dirs: list[str | Path], out: str | Path) -> list[dict]:
-    """Write ``<out>.png``, ``<out>.md`` and ``<out>.json``; returns the table rows."""
+def _pm(mean: float, err: float | None, signed: bool = False) -> str:
+    return _fmt(mean, signed) if err is None or math.isnan(err) else f"{_fmt(mean, signed)} ± {err:.4f}"
+
+
+def _recipe_cells(row: dict) -> list[str]:
+    """recipe, n, mean ± std of the final val loss, gap ± standard error, verdict."""
+    gap = _pm(row["val_gap_to_bf16"], row.get("gap_stderr"), signed=True) if "val_gap_to_bf16" in row else "-"
+    verdict = row.get("verdict", "-") + (f" ({row['pairing']})" if "pairing" in row else "")
+    mean = _pm(row["final_val_loss_mean"], row["final_val_loss_std"])
+    return [row["recipe"], str(row["n"]), mean, gap, verdict]
+
+
+RECIPE_HEAD = ["recipe", "n", "final val loss (mean ± std)", "val gap to bf16 (± s.e.)", "verdict"]
+
+
+def recipe_markdown(rows: list[dict]) -> str:
+    lines = ["| " + " | ".join(RECIPE_HEAD) + " |", "|---|---:|---:|---:|---|"]
+    lines += ["| " + " | ".join(_recipe_cells(r)) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def print_recipe_table(rows: list[dict], console: Console) -> None:
+    table = Table(title=f"by recipe across seeds (inside the noise: |gap| < {NOISE_SIGMAS:g} s.e.)")
+    for col in RECIPE_HEAD:
+        table.add_column(col, justify="right" if col in ("n",) or "±" in col else "left")
+    for r in rows:
+        table.add_row(*_recipe_cells(r))
+    console.print(table)
+
+
+def compare(run_dirs: list[str | Path], out: str | Path) -> tuple[list[dict], list[dict]]:
+    """Write ``<out>.png``, ``<out>.md``, ``<out>.json`` (one row per run) and
+    ``<out>-recipes.json`` (one row per recipe); returns both lists of rows."""
     runs = [read_run(d) for d in run_dirs]
     out = Path(out).with_suffix("")
     out.parent.mkdir(parents=True, exist_ok=True)
-    rows = comparison_rows(runs)
+    rows, recipes = comparison_rows(runs), recipe_rows(runs)
     plot_runs(runs, out.with_suffix(".png"))
-    write_atomic(out.with_suffix(".md"), markdown_table(rows) + "\n")
+    write_atomic(out.with_suffix(".md"), markdown_table(rows) + "\n\n" + recipe_markdown(recipes) + "\n")
     write_atomic(out.with_suffix(".json"), json.dumps(rows, indent=2) + "\n")
-    return rows
+    write_atomic(out.with_name(out.name + "-recipes.json"), json.dumps(recipes, indent=2) + "\n")
+    return rows, recipes
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,11 +249,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     console = Console()
     try:
-        rows = compare(args.runs, args.out)
+        rows, recipes = compare(args.runs, args.out)
     except (FileNotFoundError, ValueError) as e:
         print(f"adahop compare: error: {e}", file=sys.stderr)
         return 2
     print_table(rows, console)
+    print_recipe_table(recipes, console)
     stem = Path(args.out).with_suffix("")
-    console.print(f"wrote {stem}.png, {stem}.md, {stem}.json")
+    console.print(f"wrote {stem}.png, {stem}.md, {stem}.json, {stem}-recipes.json")
     return 0

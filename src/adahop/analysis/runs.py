@@ -7,7 +7,17 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..recipes import RECIPES
 from ..train.metrics import METRICS_FILE, read_metrics
+
+
+def recipe_label(recipe: dict) -> str:
+    """A recipe's name, with the fields that differ from the registered recipe of that name:
+    ``adahop_lv2 (bf16_gemms=['wgrad'])``; runs with one label are seeds of one recipe."""
+    name = recipe.get("name", "unknown")
+    base = RECIPES[name].to_dict() if name in RECIPES else {}
+    changed = [f"{k}={v}" for k, v in recipe.items() if k in base and k != "name" and base[k] != v]
+    return f"{name} ({', '.join(changed)})" if changed else name
 
 
 @dataclass
@@ -16,6 +26,8 @@ class RunRecord:
 
     path: Path
     recipe: str
+    group: str = ""  # the recipe_label: runs with the same group differ only in their seed (and length)
+    seed: int | None = None
     train_steps: list[int] = field(default_factory=list)
     train_loss: list[float] = field(default_factory=list)
     val_steps: list[int] = field(default_factory=list)
@@ -43,7 +55,10 @@ def read_run(run_dir: str | Path) -> RunRecord:
         raise FileNotFoundError(f"{path} is not an adahop run directory: no {METRICS_FILE}")
     config_file = path / "config.toml"
     config = tomllib.loads(config_file.read_text()) if config_file.is_file() else {}
-    run = RunRecord(path, config.get("recipe", {}).get("name", "unknown"))
+    recipe = config.get("recipe", {})
+    run = RunRecord(
+        path, recipe.get("name", "unknown"), recipe_label(recipe), config.get("training", {}).get("seed")
+    )
     try:
         records = read_metrics(path)
     except json.JSONDecodeError as e:

@@ -3,22 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from fnmatch import fnmatch
 from pathlib import Path
 
 from torch import nn
 
 from ..policy.calibration import ModelPlan
-from ..recipes import Recipe, get_recipe
+from ..recipes import Recipe, get_recipe, name_matches
 from .linear import AdaHOPLinear
 
 ModuleFilter = Callable[[nn.Module, str], bool]
-
-
-def excluded(name: str, patterns: tuple[str, ...]) -> bool:
-    """True if ``name`` or its last part matches one of the fnmatch ``patterns``."""
-    leaf = name.rsplit(".", 1)[-1]
-    return any(fnmatch(name, p) or fnmatch(leaf, p) for p in patterns)
 
 
 def convert_model(
@@ -34,7 +27,8 @@ def convert_model(
         recipe: a registered name (``bf16``, ``mxfp4``, ``mxfp4_hadamard``, ``adahop_lv1``,
             ``adahop_lv2``), a ``Recipe``, a dict of recipe fields or a .toml/.json path.
         filter_fn: ``filter_fn(module, fqn) -> bool``; modules it rejects stay ``nn.Linear``.
-            Modules matching ``recipe.exclude`` (the LM head by default) always stay.
+            Modules matching ``recipe.exclude`` (the LM head by default) always stay; those
+            matching ``recipe.bf16_layers`` are converted with all three GEMMs in BF16.
         plan: a frozen plan (``ModelPlan`` or its JSON path) to skip calibration.
 
     Returns the same model object, converted in place; a bare ``nn.Linear`` cannot be replaced in
@@ -47,16 +41,28 @@ def convert_model(
         (name, module)
         for name, module in model.named_modules()
         if type(module) is nn.Linear
-        and not excluded(name, recipe.exclude)
+        and not name_matches(name, recipe.exclude)
         and (filter_fn is None or filter_fn(module, name))
     ]
+    _check_bf16_layers(recipe, [name for name, _ in targets])
     for layer_id, (name, linear) in enumerate(targets):
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, AdaHOPLinear.from_linear(linear, recipe, layer_id))
+        layer = AdaHOPLinear.from_linear(linear, recipe, layer_id, recipe.bf16_gemms_for(name))
+        setattr(parent, child, layer)
     if plan is not None:
         load_plan(model, plan)
     return model
+
+
+def _check_bf16_layers(recipe: Recipe, names: list[str]) -> None:
+    """A ``bf16_layers`` pattern that matches no converted layer is a typo, not an ablation."""
+    for pattern in recipe.bf16_layers:
+        if not any(name_matches(name, (pattern,)) for name in names):
+            raise ValueError(
+                f"recipe {recipe.name!r}: bf16_layers pattern {pattern!r} matches no converted layer; "
+                f"names look like {names[:3]} (fnmatch on the full name or its last part)"
+            )
 
 
 def _convert_root(
@@ -65,7 +71,8 @@ def _convert_root(
     """``convert_model`` of a model that is itself an ``nn.Linear`` (its name is ``""``)."""
     if filter_fn is not None and not filter_fn(linear, ""):
         return linear
-    layer = AdaHOPLinear.from_linear(linear, recipe)
+    _check_bf16_layers(recipe, [""])
+    layer = AdaHOPLinear.from_linear(linear, recipe, bf16_gemms=recipe.bf16_gemms_for(""))
     if plan is not None:
         load_plan(layer, plan)
     return layer

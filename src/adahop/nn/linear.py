@@ -33,7 +33,7 @@ from .. import ops
 from ..gemm.matmul import tn_matmul
 from ..gemm.operand import GemmOperand, QuantSpec, prepare_operand
 from ..policy.calibration import PatternVotes, attach_pattern_hooks
-from ..policy.strategies import ROLES, LayerPlan, Strategy
+from ..policy.strategies import GEMMS, ROLES, LayerPlan, Strategy
 from ..recipes import Recipe, get_recipe
 from ..transforms import random_signs
 from .state import decode_state, encode_state, new_state
@@ -120,10 +120,16 @@ class AdaHOPLinear(nn.Linear):
         *,
         recipe: str | Recipe = "adahop_lv2",
         layer_id: int = 0,
+        bf16_gemms: tuple[str, ...] | None = None,
     ) -> None:
         super().__init__(in_features, out_features, bias, device, dtype)
         self.recipe = get_recipe(recipe)
         self.layer_id = layer_id
+        # GEMMs kept in BF16 whatever the plan says (ablation); default: the recipe's bf16_gemms.
+        self.bf16_gemms = self.recipe.bf16_gemms if bf16_gemms is None else tuple(bf16_gemms)
+        unknown = sorted(set(self.bf16_gemms) - set(GEMMS))
+        if unknown:
+            raise ValueError(f"bf16_gemms {unknown} are not GEMMs; choose among {list(GEMMS)}")
         self.votes = PatternVotes()
         self._extra_state = new_state()
         # Random-sign Hadamard variant: one seeded vector for every layer and replica; a
@@ -139,12 +145,16 @@ class AdaHOPLinear(nn.Linear):
 
     @classmethod
     def from_linear(
-        cls, linear: nn.Linear, recipe: str | Recipe = "adahop_lv2", layer_id: int = 0
+        cls,
+        linear: nn.Linear,
+        recipe: str | Recipe = "adahop_lv2",
+        layer_id: int = 0,
+        bf16_gemms: tuple[str, ...] | None = None,
     ) -> AdaHOPLinear:
         """Wrap an existing ``nn.Linear``, sharing (not copying) its parameters."""
         layer = cls(
             linear.in_features, linear.out_features, linear.bias is not None,
-            device="meta", recipe=recipe, layer_id=layer_id,
+            device="meta", recipe=recipe, layer_id=layer_id, bf16_gemms=bf16_gemms,
         )
         layer.weight = linear.weight
         layer.bias = linear.bias
@@ -162,8 +172,8 @@ class AdaHOPLinear(nn.Linear):
         return self.plan is None
 
     def set_plan(self, plan: LayerPlan) -> None:
-        """Freeze the (forward, dgrad, wgrad) strategies; ends calibration."""
-        self.plan = plan
+        """Freeze the (forward, dgrad, wgrad) strategies, ``bf16_gemms`` in BF16; ends calibration."""
+        self.plan = plan.with_bf16(self.bf16_gemms)
         if self._hooks is not None:
             self._hooks.remove()
             self._hooks = None

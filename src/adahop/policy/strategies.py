@@ -15,6 +15,7 @@ lie along the outer dimensions and are extracted to a BF16 side GEMM (OE-left / 
 from __future__ import annotations
 
 from collections.abc import Mapping
+import dataclasses
 from dataclasses import dataclass
 from enum import Enum
 from types import MappingProxyType
@@ -180,6 +181,10 @@ class LayerPlan:
 
     def strategies(self) -> dict[str, Strategy]:
         return {gemm: getattr(self, gemm) for gemm in GEMMS}
+
+    def with_bf16(self, gemms: tuple[str, ...]) -> LayerPlan:
+        """This plan with the GEMMs ``gemms`` (names from ``GEMMS``) in BF16; patterns kept."""
+        return dataclasses.replace(self, **{gemm: Strategy.BF16 for gemm in gemms})
 
     @property
     def all_bf16(self) -> bool:

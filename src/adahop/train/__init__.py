@@ -21,7 +21,7 @@ and ``loss.png``. To read a run back::
     state = load_checkpoint(run_dir, model)  # the latest checkpoint; state["step"], ...
 """
 
-from .builders import TrainData, build_data, build_model_from_config, resolve_device
+from .builders import TrainData, build_data, build_model_from_config, load_run, mean_loss, resolve_device
 from .checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
 from .config import ConfigError, TrainConfig, load_config
 from .metrics import plot_losses, read_metrics
@@ -40,6 +40,8 @@ __all__ = [
     "latest_checkpoint",
     "load_checkpoint",
     "load_config",
+    "load_run",
+    "mean_loss",
     "plot_losses",
     "read_metrics",
     "resolve_device",

@@ -1,25 +1,31 @@
 """What a ``TrainConfig`` describes, built: the device, the converted model and the data.
 
-These are the entry points for tools that read a run back (``adahop analyze``)::
+These are the entry points for tools that read a run back (``adahop analyze``, ``adahop eval``)::
 
     cfg = load_config(run_dir / "config.toml")
     model = build_model_from_config(cfg)
     load_checkpoint(run_dir, model)
+
+or, in one call, ``model, cfg, state = load_run(run_dir_or_checkpoint)``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from pathlib import Path
+from typing import Any
+
 from ..data import BatchLoader, Tokenizer, prepare_data, validation_batches
 from ..data.loader import num_windows
 from ..models import Transformer, build_model
 from ..nn import convert_model
-from .config import ConfigError, TrainConfig
+from .checkpoint import load_checkpoint, resolve_checkpoint
+from .config import ConfigError, TrainConfig, load_config
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -42,6 +48,37 @@ def build_model_from_config(cfg: TrainConfig, device: str | torch.device = "cpu"
         torch.manual_seed(cfg.training.seed)
         model = build_model(cfg.model.preset, vocab_size=cfg.data.vocab_size, **cfg.model.overrides)
     return convert_model(model, cfg.recipe)
+
+
+def load_run(path: str | Path, device: str | torch.device = "cpu") -> tuple[Transformer, TrainConfig, dict[str, Any]]:
+    """(model, config, checkpoint state) of a run directory's latest checkpoint or of a checkpoint
+    file inside ``<run>/checkpoints/``; ``state["path"]`` is the checkpoint, ``state["step"]`` its step."""
+    checkpoint = resolve_checkpoint(path)
+    cfg = load_config(checkpoint.parent.parent / "config.toml")
+    model = build_model_from_config(cfg, device)
+    state = load_checkpoint(checkpoint, model, config=cfg.to_dict())
+    return model, cfg, state
+
+
+def autocast_for(cfg: TrainConfig, device: torch.device) -> torch.autocast:
+    """BF16 autocast on CUDA when ``training.autocast`` is set, disabled elsewhere."""
+    enabled = device.type == "cuda" and cfg.training.autocast
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled)
+
+
+@torch.no_grad()
+def mean_loss(model: torch.nn.Module, batches: Iterable[Batch], cfg: TrainConfig, device: torch.device) -> float:
+    """Mean next-token loss over ``batches``, weighted by tokens, in eval mode (restored after)."""
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    for inputs, targets in batches:
+        with autocast_for(cfg, device):
+            _, loss = model(inputs.to(device), targets.to(device))
+        total += loss.item() * targets.numel()
+        count += targets.numel()
+    model.train(was_training)
+    return total / count
 
 
 @dataclass

@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from ..atomic import atomic_file
+from ..recipes import Recipe
 
 CHECKPOINT_FORMAT = 1
 CHECKPOINT_DIR = "checkpoints"
@@ -184,7 +185,9 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
 
 
 def check_matches(path: Path, saved: dict[str, Any], current: dict[str, Any]) -> None:
-    """Raise if the checkpoint's model, recipe, data or seed differs from the current config's."""
+    """Raise if the checkpoint's model, recipe, data or seed differs from the current config's.
+    Recipe fields added since the checkpoint was written count as their defaults."""
+    saved = {**saved, "recipe": Recipe.from_dict(saved["recipe"]).to_dict()}
     for section in MATCHING_SECTIONS:
         if saved[section] != current[section]:
             diff = sorted(

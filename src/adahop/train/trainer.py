@@ -36,7 +36,7 @@ from ..atomic import remove_stale_temp_files, write_atomic
 from ..models import num_params
 from ..nn import adahop_layers, model_plan
 from ..policy import NonFiniteTensorError
-from .builders import build_data, build_model_from_config, resolve_device
+from .builders import autocast_for, build_data, build_model_from_config, mean_loss, resolve_device
 from .checkpoint import (
     CHECKPOINT_DIR,
     CheckpointError,
@@ -272,8 +272,7 @@ class Trainer:
 
     # ---- steps --------------------------------------------------------------------------------
     def _autocast(self) -> torch.autocast:
-        enabled = self.device.type == "cuda" and self.cfg.training.autocast
-        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=enabled)
+        return autocast_for(self.cfg, self.device)
 
     def _micro_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Forward and backward of one micro-batch (gradients accumulate); returns its loss."""
@@ -318,18 +317,9 @@ class Trainer:
             f"Last good checkpoint: {latest or 'none written yet'}; {advice}"
         )
 
-    @torch.no_grad()
     def evaluate(self) -> float:
         """Mean next-token loss over the fixed validation batches."""
-        self.model.eval()
-        total, count = 0.0, 0
-        for inputs, targets in self.data.val:
-            with self._autocast():
-                _, loss = self.model(inputs.to(self.device), targets.to(self.device))
-            total += loss.item() * targets.numel()
-            count += targets.numel()
-        self.model.train()
-        return total / count
+        return mean_loss(self.model, self.data.val, self.cfg, self.device)
 
     # ---- loop ---------------------------------------------------------------------------------
     def _describe(self) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ...nn.convert import excluded
+from ...recipes import name_matches
 from ...recipes import Recipe
 
 DEFAULT_MIN_FEATURES = 256
@@ -15,7 +15,7 @@ def should_convert(
     last part; the LM head by default), a dimension is not a multiple of the MX block, or the
     layer is smaller than ``min_features`` on either side (4-bit GEMMs that small save nothing
     and cost accuracy)."""
-    if excluded(fqn, (*recipe.exclude, *exclude)):
+    if name_matches(fqn, (*recipe.exclude, *exclude)):
         return False
     block = recipe.block_size
     return in_features % block == 0 and out_features % block == 0 and min(in_features, out_features) >= min_features

@@ -1,0 +1,78 @@
+"""``adahop compare`` across seeds, on run directories written here with known losses."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+
+import pytest
+
+from adahop.analysis import compare
+from adahop.cli import main as adahop_main
+
+
+def fake_run(root, recipe: str, seed: int, final_val: float, extra: str = ""):
+    """A run directory with a 4-step train curve and validation at steps 2 and 4."""
+    path = root / f"{recipe}-{seed}{extra and '-ablated'}"
+    path.mkdir()
+    (path / "config.toml").write_text(f'[training]\nseed = {seed}\n\n[recipe]\nname = "{recipe}"\n{extra}\n')
+    records = [{"kind": "train", "step": s, "loss": final_val + 1.0 / s} for s in range(1, 5)]
+    records += [{"kind": "val", "step": 2, "loss": final_val + 0.5}, {"kind": "val", "step": 4, "loss": final_val}]
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+BF16 = [2.70, 2.71, 2.72]
+LV2 = [2.75, 2.70, 2.78]  # gaps +0.05, -0.01, +0.06: inside the noise
+MXFP4 = [2.80, 2.811, 2.819]  # gaps +0.100, +0.101, +0.099: beyond it
+
+
+@pytest.fixture
+def seed_runs(tmp_path):
+    return [fake_run(tmp_path, name, seed, loss)
+            for name, losses in (("bf16", BF16), ("adahop_lv2", LV2), ("mxfp4", MXFP4))
+            for seed, loss in enumerate(losses)]
+
+
+def test_groups_seeds_by_recipe_with_spread_and_paired_gap(seed_runs, tmp_path, capsys):
+    stem = tmp_path / "out" / "cmp"
+    assert adahop_main(["compare", *map(str, seed_runs), "--out", str(stem)]) == 0
+    rows = {r["recipe"]: r for r in json.loads(stem.with_name("cmp-recipes.json").read_text())}
+    assert list(rows) == ["bf16", "adahop_lv2", "mxfp4"]
+    lv2 = rows["adahop_lv2"]
+    assert lv2["n"] == 3 and lv2["seeds"] == [0, 1, 2] and lv2["steps"] == [4]
+    assert lv2["final_val_loss_mean"] == pytest.approx(statistics.fmean(LV2))
+    assert lv2["final_val_loss_std"] == pytest.approx(statistics.stdev(LV2))
+    gaps = [a - b for a, b in zip(LV2, BF16)]
+    assert lv2["val_gap_to_bf16"] == pytest.approx(statistics.fmean(gaps))
+    assert lv2["gap_stderr"] == pytest.approx(statistics.stdev(gaps) / math.sqrt(3))
+    assert lv2["pairing"] == "paired" and lv2["verdict"] == "inside the noise"
+    assert rows["mxfp4"]["verdict"] == "beyond the noise"
+    assert rows["bf16"]["verdict"] == "baseline"
+    assert "inside the noise (paired)" in stem.with_suffix(".md").read_text()
+    assert "beyond the noise" in capsys.readouterr().out
+    assert stem.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
+    per_run = json.loads(stem.with_suffix(".json").read_text())
+    assert len(per_run) == 9 and [r["seed"] for r in per_run[3:6]] == [0, 1, 2]
+    assert [r["val_gap_to_bf16"] for r in per_run[3:6]] == pytest.approx(gaps)  # to bf16 of the same seed
+
+
+def test_unmatched_seeds_use_the_welch_error_and_one_seed_has_no_error_bar(tmp_path):
+    runs = [compare.read_run(fake_run(tmp_path, "bf16", s, v)) for s, v in ((0, 2.70), (1, 2.72))]
+    runs += [compare.read_run(fake_run(tmp_path, "mxfp4", s, v)) for s, v in ((5, 2.80), (6, 2.84))]
+    runs.append(compare.read_run(fake_run(tmp_path, "adahop_lv1", 0, 2.71)))
+    rows = {r["recipe"]: r for r in compare.recipe_rows(runs)}
+    mx = rows["mxfp4"]
+    assert mx["pairing"] == "unpaired" and mx["val_gap_to_bf16"] == pytest.approx(0.11)
+    assert mx["gap_stderr"] == pytest.approx(math.sqrt(statistics.variance([2.70, 2.72]) / 2
+                                                       + statistics.variance([2.80, 2.84]) / 2))
+    lv1 = rows["adahop_lv1"]
+    assert lv1["val_gap_to_bf16"] == pytest.approx(0.01) and lv1["verdict"] == "no error bar (n < 2)"
+    assert lv1["final_val_loss_std"] is None and lv1["gap_stderr"] is None
+
+
+def test_a_recipe_with_changed_fields_is_its_own_group(tmp_path):
+    plain = compare.read_run(fake_run(tmp_path, "adahop_lv2", 0, 2.7))
+    ablated = compare.read_run(fake_run(tmp_path, "adahop_lv2", 0, 2.7, extra='bf16_gemms = ["wgrad"]'))
+    assert list(compare.group_runs([plain, ablated])) == ["adahop_lv2", "adahop_lv2 (bf16_gemms=['wgrad'])"]
