@@ -28,7 +28,7 @@ import torch
 
 from .. import ops
 from ..formats import MXTensor
-from ..formats.folded import FoldedFP8
+from ..formats.folded import FoldedFP8, folds_directly
 from ..policy.strategies import Strategy
 from ..transforms import hadamard_transform
 
@@ -89,7 +89,7 @@ def _rotate_and_quantize(
         t = torch.nn.functional.pad(t, (0, -t.shape[-1] % hb))
     if spec.fmt is None:
         return hadamard_transform(t, block_size=hb, signs=spec.hadamard_signs) if hb else t
-    if fold and t.is_contiguous() and _folds_directly(t, spec, hb):
+    if fold and folds_directly(t, fmt=spec.fmt, block_size=spec.block_size, hadamard_block_size=hb):
         return ops.quantize_fold_2d(
             t, scale_rule=spec.scale_rule, rounding=spec.rounding, seed=seed, hadamard_block_size=hb,
             signs=spec.hadamard_signs,
@@ -101,13 +101,6 @@ def _rotate_and_quantize(
         source, spec.fmt, axis=axis, block_size=spec.block_size, scale_rule=spec.scale_rule,
         rounding=spec.rounding, seed=seed, hadamard_block_size=hb, signs=spec.hadamard_signs,
     )
-
-
-def _folds_directly(t: torch.Tensor, spec: QuantSpec, hb: int) -> bool:
-    """The fused quantize-and-fold kernel's cases: MXFP4, blocks of 32 filling the rows, no
-    Hadamard or a 32-point one."""
-    return (spec.fmt == "mxfp4" and spec.block_size == 32 and hb in (0, 32) and t.dim() == 2
-            and t.shape[1] % 32 == 0)
 
 
 def prepare_operand(

@@ -21,14 +21,13 @@ import torch
 import triton
 import triton.language as tl
 
-from ..formats.folded import FoldedFP8
+from ..formats.folded import FOLD_BLOCK, FoldedFP8, folds_directly
 from ..formats.mx import check_quantize_args
 from ..transforms.hadamard import check_hadamard_args
 from .fold import FLUSH_SHIFT, FOLD_OFFSET, _fold_nibbles
 from .mx_triton import INTERPRET, cdiv
 from .quantize import _seed_on, _zero_seed, common_constexprs, row_blocks, row_codes
 
-BLOCK = 32  # MXFP4 block, also the Hadamard block this kernel fuses
 ELEMENTS_PER_THREAD = 32  # one block per thread, as in the row-wise quantize kernel
 MAX_WARPS = 16
 INTERPRETER_ROWS = 16  # the interpreter pays per program: many rows each
@@ -93,15 +92,6 @@ def _quantize_fold_rows_kernel(
     tl.store(lossy_ptr + rows, lossy, mask=row_ok)
 
 
-def can_quantize_fold(x: torch.Tensor, *, fmt: str, block_size: int, hadamard_block_size: int) -> bool:
-    """Whether :func:`quantize_fold_fp8` serves this operand: a row-major 2-D MXFP4 matrix with
-    blocks of 32 along whole rows (no padding), no Hadamard or a 32-point one."""
-    return (
-        fmt == "mxfp4" and block_size == BLOCK and hadamard_block_size in (0, BLOCK) and x.dim() == 2
-        and x.shape[1] % BLOCK == 0 and x.stride(1) == 1 and x.dtype in (torch.bfloat16, torch.float16, torch.float32)
-    )
-
-
 @functools.lru_cache(maxsize=1024)
 def _tile(n: int, on_cuda: bool) -> tuple[int, int, int]:
     """(rows per program, BLOCK_N, warps) for rows of ``n`` elements."""
@@ -123,11 +113,11 @@ def quantize_fold_fp8(
 ) -> FoldedFP8:
     """MXFP4 quantization of [M, K] ``x`` along K (after the 32-point Hadamard if asked), folded
     into E4M3 data and per-row scales in one kernel."""
-    check_quantize_args(x, "mxfp4", BLOCK, scale_rule, rounding)
-    if not can_quantize_fold(x, fmt="mxfp4", block_size=BLOCK, hadamard_block_size=hadamard_block_size):
+    check_quantize_args(x, "mxfp4", FOLD_BLOCK, scale_rule, rounding)
+    if not folds_directly(x, fmt="mxfp4", block_size=FOLD_BLOCK, hadamard_block_size=hadamard_block_size):
         raise ValueError(
-            f"quantize_fold_fp8 takes a row-major 2-D tensor whose rows are whole blocks of {BLOCK} and "
-            f"hadamard_block_size 0 or {BLOCK}; got shape {tuple(x.shape)}, strides {x.stride()}, "
+            f"quantize_fold_fp8 takes a row-major 2-D tensor whose rows are whole blocks of {FOLD_BLOCK} and "
+            f"hadamard_block_size 0 or {FOLD_BLOCK}; got shape {tuple(x.shape)}, strides {x.stride()}, "
             f"hadamard_block_size {hadamard_block_size}"
         )
     if hadamard_block_size:
