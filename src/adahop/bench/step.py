@@ -21,7 +21,7 @@ import math
 import multiprocessing
 import tempfile
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from concurrent.futures import ProcessPoolExecutor
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -114,9 +114,21 @@ def _profile(step) -> dict:
     return {
         "cuda_ms": sum(by_family.values()),
         "families_ms": dict(sorted(by_family.items(), key=lambda kv: -kv[1])),
-        "top_kernels": kernels[:12],
+        "top_kernels": kernels[:40],
         "top_host_ops": host[:15],
     }
+
+
+def plan_mix(model: torch.nn.Module) -> dict[str, int]:
+    """How many layers of each kind (``wq``, ``w1``, ...) run each (forward, dgrad, wgrad)
+    strategy triple: what the step's quantization work depends on."""
+    from ..nn import model_plan
+
+    triples = Counter(
+        f"{name.rsplit('.', 1)[-1]} " + "/".join(s.label for s in plan.strategies().values())
+        for name, plan in model_plan(model).items()
+    )
+    return dict(triples.most_common())
 
 
 def _to_float8(model: torch.nn.Module, scaling: str) -> None:
@@ -175,6 +187,7 @@ def measure(recipe: str, preset: str, batch: int, mode: str) -> dict:
             "final_loss": losses[-1],
             "losses_finite": all(math.isfinite(x) for x in losses),
             "cuda_graph_captured": trainer.graph_captured,
+            "plan_mix": plan_mix(trainer.model),
             "profile": _profile(trainer.train_step),
         }
     return result
