@@ -81,10 +81,10 @@ def run_rank(rank: int, jobs: list[dict], logs: str) -> None:
             if kwargs["step"] == job.get("crash_after"):
                 raise Interrupted
 
-        def fail_on_rank_1(self, inputs, targets, job=job):
+        def fail_on_rank_1(self, inputs, targets, first, job=job):
             if rank == 1 and self.step + 1 == job.get("fail_at"):
                 raise RuntimeError("simulated fault on rank 1")
-            return micro_step(self, inputs, targets)
+            return micro_step(self, inputs, targets, first)
 
         trainer_module.save_sharded, trainer_module.Trainer._micro_step = save_then_crash, fail_on_rank_1
         with open(f"{logs}/job{i}.rank{rank}.err", "w") as err:

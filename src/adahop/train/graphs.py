@@ -8,15 +8,20 @@ Capture needs a step that never waits on the host and keeps its memory where the
 
 - the stochastic-rounding seeds are drawn on the device (each replay advances CUDA's Philox
   offset, so every replay rounds with fresh noise, reproducibly for a seed);
-- gradients accumulate in place into ``.grad`` tensors that stay allocated, so the optimizer
-  must zero them with ``zero_grad(set_to_none=False)``;
+- gradients live in ``.grad`` tensors that the graphs own: the first micro-step of an optimizer
+  step runs a graph captured with no ``.grad`` (its backward *writes* the gradients, with no
+  zero fill and no add), the later micro-steps (gradient accumulation) a second graph that adds
+  into them. So the optimizer must never set them to None, nor zero them: the next first
+  micro-step overwrites them;
 - the batch is copied into static input tensors; a batch of another shape runs eagerly;
 - no tensor of an earlier step's autograd graph may still be alive at capture (it would keep
   AccumulateGrad nodes bound to the default stream); the trainer keeps none.
 
 The first call runs eagerly on a side stream (it compiles Triton kernels and any
 ``torch.compile``'d blocks and sets up cuBLAS, none of which may happen during capture); the
-second captures the graph and replays it; later calls only replay.
+next first micro-step captures the overwriting graph, the next later one the accumulating graph
+(capture order matters: the second graph adds into the tensors the first one writes); after
+that, calls only replay.
 """
 
 from __future__ import annotations
@@ -26,18 +31,24 @@ from torch import nn
 
 
 class GraphedMicroStep:
-    """``step(inputs, targets)`` runs ``model`` forward, ``backward()`` on ``loss * loss_scale``,
-    and returns the unscaled loss (a tensor that the next call overwrites: read it first)."""
+    """``step(inputs, targets, first=...)`` runs ``model`` forward, ``backward()`` on
+    ``loss * loss_scale`` and returns the unscaled loss (a tensor that the next call overwrites:
+    read it first). ``first``: this micro-step starts an optimizer step, so its gradients replace
+    those in ``.grad`` instead of adding to them."""
 
     def __init__(self, model: nn.Module, *, loss_scale: float = 1.0, autocast_dtype: torch.dtype | None = torch.bfloat16) -> None:
         self.model, self.loss_scale, self.autocast_dtype = model, loss_scale, autocast_dtype
         self._warm = False
-        self._graph: torch.cuda.CUDAGraph | None = None
-        self._inputs = self._targets = self._loss = None
+        self._graphs: dict[bool, torch.cuda.CUDAGraph] = {}  # keyed by ``first``
+        self._losses: dict[bool, torch.Tensor] = {}
+        self._inputs = self._targets = None
 
     @property
     def captured(self) -> bool:
-        return self._graph is not None
+        return bool(self._graphs)
+
+    def _params(self) -> list[nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
 
     def _forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         # The autocast cache would keep weight casts made during capture alive past it.
@@ -47,34 +58,49 @@ class GraphedMicroStep:
         (loss * self.loss_scale).backward()
         return loss.detach()
 
-    def _capture(self, inputs: torch.Tensor, targets: torch.Tensor) -> None:
-        for p in self.model.parameters():
-            if p.requires_grad and p.grad is None:
-                p.grad = torch.zeros_like(p)  # accumulated into in place by every replay
-        self._inputs, self._targets = inputs.clone(), targets.clone()
-        self._graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self._graph):
-            self._loss = self._forward_backward(self._inputs, self._targets)
+    def _eager(self, inputs: torch.Tensor, targets: torch.Tensor, first: bool) -> torch.Tensor:
+        if first:  # in place: the graphs hold these tensors
+            for p in self._params():
+                if p.grad is not None:
+                    p.grad.zero_()
+        return self._forward_backward(inputs, targets)
+
+    def _capture(self, inputs: torch.Tensor, targets: torch.Tensor, first: bool) -> None:
+        if first:
+            for p in self._params():
+                p.grad = None  # the backward allocates them in the graph's pool and writes them
+            self._inputs, self._targets = inputs.clone(), targets.clone()
+        else:
+            self._inputs.copy_(inputs)
+            self._targets.copy_(targets)
+        pool = self._graphs[True].pool() if not first else None  # replayed in turn, never at once
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            loss = self._forward_backward(self._inputs, self._targets)
+        self._graphs[first], self._losses[first] = graph, loss
         # The eager warm-up's blocks stay cached beside the graph's own pool: give them back.
         torch.cuda.empty_cache()
 
-    def __call__(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def __call__(self, inputs: torch.Tensor, targets: torch.Tensor, *, first: bool = True) -> torch.Tensor:
         if not inputs.is_cuda:
             raise ValueError(f"CUDA graphs need CUDA inputs, got a tensor on {inputs.device}")
         if not self._warm:
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
-                loss = self._forward_backward(inputs, targets)
+                loss = self._eager(inputs, targets, first)
             torch.cuda.current_stream().wait_stream(side)
             self._warm = True
             return loss
-        if self._graph is None:
-            self._capture(inputs, targets)  # records only: the replay below runs this batch
-        elif inputs.shape != self._inputs.shape or targets.shape != self._targets.shape:
-            return self._forward_backward(inputs, targets)
+        shape_changed = self._inputs is not None and (
+            inputs.shape != self._inputs.shape or targets.shape != self._targets.shape
+        )
+        if shape_changed or (not first and True not in self._graphs):
+            return self._eager(inputs, targets, first)  # accumulation captures after the first graph
+        if first not in self._graphs:
+            self._capture(inputs, targets, first)  # records only: the replay below runs this batch
         else:
             self._inputs.copy_(inputs, non_blocking=True)
             self._targets.copy_(targets, non_blocking=True)
-        self._graph.replay()
-        return self._loss
+        self._graphs[first].replay()
+        return self._losses[first]

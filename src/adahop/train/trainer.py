@@ -274,10 +274,11 @@ class Trainer:
     def _autocast(self) -> torch.autocast:
         return autocast_for(self.cfg, self.device)
 
-    def _micro_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Forward and backward of one micro-batch (gradients accumulate); returns its loss."""
+    def _micro_step(self, inputs: torch.Tensor, targets: torch.Tensor, first: bool) -> torch.Tensor:
+        """Forward and backward of one micro-batch (gradients accumulate after the ``first``);
+        returns its loss."""
         if self._graphed is not None:
-            return self._graphed(inputs, targets)
+            return self._graphed(inputs, targets, first=first)
         with self._autocast():
             _, loss = self.model(inputs, targets)
         (loss / self.cfg.training.grad_accum).backward()
@@ -289,9 +290,9 @@ class Trainer:
         self._maybe_graph()
         accum = self.cfg.training.grad_accum
         loss_sum = torch.zeros((), device=self.device)
-        for _ in range(accum):
+        for i in range(accum):
             inputs, targets = (t.to(self.device, non_blocking=True) for t in next(self.data.train))
-            loss_sum += self._micro_step(inputs, targets)
+            loss_sum += self._micro_step(inputs, targets, first=i == 0)
         loss_mean = loss_sum / accum
         loss = (all_ranks_mean(loss_mean) if self.env.distributed else loss_mean).item()
         max_norm = self.cfg.optim.grad_clip or math.inf  # inf: measure the norm, clip nothing
@@ -305,7 +306,8 @@ class Trainer:
             raise self._non_finite(f"loss is {loss}" if not math.isfinite(loss) else f"gradient norm is {grad_norm}")
         self.optimizer.step()
         self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=self._graphed is None)  # a graph accumulates in place
+        if self._graphed is None:  # the graphs own .grad: the next first micro-step overwrites it
+            self.optimizer.zero_grad(set_to_none=True)
         return loss, grad_norm
 
     def _non_finite(self, what: str) -> NonFiniteLossError:
