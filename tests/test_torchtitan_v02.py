@@ -31,6 +31,7 @@ VOCAB = 2048
 def job_config(recipe_path):
     return ConfigManager().parse_args([
         "--job.custom_config_module", "adahop.integrations.torchtitan",
+        "--job.dump_folder", str(recipe_path.parent),
         "--model.converters", "adahop",
         "--adahop.recipe", str(recipe_path),
     ])
@@ -49,9 +50,10 @@ def build(job):
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
-def test_converts_trains_and_checkpoints_the_plan(tmp_path):
+def test_converts_trains_and_checkpoints_the_plan(tmp_path, caplog):
     recipe = tmp_path / "recipe.json"
     recipe.write_text(json.dumps({"name": "adahop_lv2", "calibration_steps": 2}))
+    caplog.set_level("INFO")  # torchtitan logs through the root logger
     job = job_config(recipe)
     torch.manual_seed(0)
     model, converters = build(job)
@@ -75,11 +77,16 @@ def test_converts_trains_and_checkpoints_the_plan(tmp_path):
     assert losses[-1] < losses[0], losses
     plan = model_plan(model)
     assert len(plan) == len(layers)
+    assert "adahop: every layer has frozen its plan (by optimizer step 3 of this run)" in caplog.text
+    assert dict(type(plan).load(tmp_path / titan.PLAN_FILE)) == dict(plan)  # the converter saved it
     dcp.save(wrapper.state_dict(), checkpoint_id=str(tmp_path / "step-4"))
 
-    resumed, _ = build(job)
+    resumed, resumed_converters = build(job)
     target = ModelWrapper(resumed)
     state = target.state_dict()
     dcp.load(state, checkpoint_id=str(tmp_path / "step-4"))
     target.load_state_dict(state)
     assert dict(model_plan(resumed)) == dict(plan)
+    caplog.clear()
+    resumed_converters.post_optimizer_hook([resumed])  # after the first step of the resumed run
+    assert f"adahop: {len(layers)} of {len(layers)} layers resumed with the frozen plans" in caplog.text

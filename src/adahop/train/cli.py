@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(e))
     with logging_redirect_tqdm(loggers=[_setup_logging()]):  # log lines print above the bar
         try:
-            with process_group(cfg.training.device) as env:
+            with process_group(cfg.training.device, always=cfg.training.distributed) as env:
                 result = _train(parser, args, cfg, env)
         except ValueError as e:  # this rank has no GPU of its own
             parser.error(str(e))
@@ -191,7 +191,8 @@ def _where(trainer: Trainer | None, cfg: TrainConfig) -> str:
     if latest is None:
         return f"stopped {at}, with no checkpoint to resume from; delete {cfg.run_dir} and rerun to start over"
     world = trainer.env.world_size if trainer is not None else 1
-    launch = f"torchrun --nproc-per-node={world} -m adahop train" if world > 1 else "adahop train"
+    torchrun = world > 1 or cfg.training.distributed
+    launch = f"torchrun --nproc-per-node={world} -m adahop train" if torchrun else "adahop train"
     return f"stopped {at}; last checkpoint {latest}; continue with: {launch} --out {cfg.run_dir} --resume"
 
 

@@ -86,6 +86,7 @@ class TrainingConfig:
     compile: bool = False  # torch.compile each transformer block once calibration has frozen the plans
     compile_backend: str = "inductor"  # a torch.compile backend ("aot_eager" needs no C++ compiler)
     cuda_graph: bool = True  # on CUDA, replay each micro-step as one CUDA graph once the plans are frozen
+    distributed: bool = False  # under torchrun with one process, still train through FSDP2 (several always do)
 
 
 @dataclass

@@ -4,7 +4,10 @@ and FSDP2's ``fully_shard``.
 ``torchrun --nproc-per-node=N -m adahop train ...`` starts N processes and sets ``RANK``,
 ``LOCAL_RANK`` and ``WORLD_SIZE`` for each; :func:`process_group` joins them (gloo on CPU, nccl
 on CUDA with one GPU per local rank) and leaves the group on the way out, error or not. Without
-those variables (or with ``WORLD_SIZE=1``) nothing here runs and the trainer is single-process.
+those variables (or with ``WORLD_SIZE=1``) nothing here runs and the trainer is single-process,
+unless ``training.distributed`` asks for the group anyway: then one process under
+``torchrun --nproc-per-node=1`` trains through the multi-GPU path (nccl, FSDP2, sharded
+checkpoints), e.g. to try that path on one GPU.
 
 When one rank stops on an error its peers must not wait for it in a collective forever. The
 rank that fails first claims the failure in the process group's store and reports it; leaving
@@ -43,10 +46,12 @@ class ParallelEnv:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    joined: bool = False  # in a process group (always with several ranks; on one with training.distributed)
 
     @property
     def distributed(self) -> bool:
-        return self.world_size > 1
+        """In a process group: collectives, FSDP2 and sharded checkpoints."""
+        return self.world_size > 1 or self.joined
 
     @property
     def is_main(self) -> bool:
@@ -60,14 +65,21 @@ def launch_rank() -> int:
 
 
 @contextlib.contextmanager
-def process_group(device: str = "auto") -> Iterator[ParallelEnv]:
+def process_group(device: str = "auto", always: bool = False) -> Iterator[ParallelEnv]:
     """The run's :class:`ParallelEnv` for ``training.device``; under torchrun with
-    ``WORLD_SIZE > 1`` the process group is joined for the block and destroyed after it."""
+    ``WORLD_SIZE > 1`` (or any ``WORLD_SIZE`` when ``always``) the process group is joined for
+    the block and destroyed after it."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     resolved = resolve_device(device)
-    if world_size == 1:
+    if world_size == 1 and not always:
         yield ParallelEnv(resolved)
         return
+    missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if v not in os.environ]
+    if missing:
+        raise ValueError(
+            f"training.distributed needs a torchrun launch ({', '.join(missing)} not set): "
+            "torchrun --standalone --nproc-per-node=N -m adahop train ..."
+        )
     rank, local_rank = launch_rank(), int(os.environ.get("LOCAL_RANK", "0"))
     if resolved.type == "cuda":
         if local_rank >= torch.cuda.device_count():
@@ -81,7 +93,7 @@ def process_group(device: str = "auto") -> Iterator[ParallelEnv]:
     else:
         dist.init_process_group("gloo")
     try:
-        yield ParallelEnv(resolved, rank, world_size, local_rank)
+        yield ParallelEnv(resolved, rank, world_size, local_rank, joined=True)
     finally:
         dist.destroy_process_group()
 
@@ -106,17 +118,40 @@ def claim_failure() -> bool:
         return False
 
 
-def shard_model(model: nn.Module, device: torch.device) -> None:
-    """FSDP2 in place: ``fully_shard`` each transformer block, then the root (embedding, final
-    norm, LM head). On CUDA parameters are gathered and computed in BF16 and gradients are
-    reduced in FP32; on CPU everything stays FP32."""
+def mixed_precision_policy(device: torch.device) -> MixedPrecisionPolicy:
+    """FSDP2's precision: on CUDA parameters are gathered and computed in BF16 and gradients
+    reduced in FP32 (the sharded parameters and AdamW's state stay FP32); on CPU all FP32."""
     if device.type == "cuda":
-        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    else:
-        policy = MixedPrecisionPolicy()
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy()
+
+
+def shard_model(model: nn.Module, device: torch.device) -> MixedPrecisionPolicy:
+    """FSDP2 in place: ``fully_shard`` each transformer block, then the root (embedding, final
+    norm, LM head), all with :func:`mixed_precision_policy`; returns the policy."""
+    policy = mixed_precision_policy(device)
     for block in model.layers:
         fully_shard(block, mp_policy=policy)
     fully_shard(model, mp_policy=policy)
+    return policy
+
+
+def describe_sharding(model: nn.Module) -> str:
+    """The process group and the precision each FSDP2 unit of ``model`` holds (read back from
+    FSDP's own state, not from the policy asked for), for the run's log."""
+    policies = {}
+    for module in model.modules():
+        state = module._get_fsdp_state() if hasattr(module, "_get_fsdp_state") else None
+        if state is not None:
+            policy = state._mp_policy
+            key = (policy.param_dtype, policy.reduce_dtype, policy.output_dtype)
+            policies[key] = policies.get(key, 0) + 1
+    name = lambda dtype: "as stored" if dtype is None else str(dtype).removeprefix("torch.")  # noqa: E731
+    units = "; ".join(
+        f"{n} units with params {name(p)}, reduce {name(r)}" + (f", output {name(o)}" if o is not None else "")
+        for (p, r, o), n in policies.items()
+    )
+    return f"backend {dist.get_backend()}, {dist.get_world_size()} ranks, FSDP2 MixedPrecisionPolicy: {units or 'no FSDP units'}"
 
 
 def all_ranks_mean(value: torch.Tensor) -> torch.Tensor:

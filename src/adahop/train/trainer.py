@@ -54,7 +54,15 @@ from .checkpoint import (
     training_state,
 )
 from .config import ConfigError, TrainConfig
-from .distributed import ParallelEnv, PeerFailedError, all_ranks_mean, gather_floats, main_rank_first, shard_model
+from .distributed import (
+    ParallelEnv,
+    PeerFailedError,
+    all_ranks_mean,
+    describe_sharding,
+    gather_floats,
+    main_rank_first,
+    shard_model,
+)
 from .graphs import GraphedMicroStep
 from .metrics import METRICS_FILE, PLOT_FILE, MetricsLogger, peak_memory_mib, plot_losses, read_metrics
 from .optim import apply_hyperparameters, build_lr_scheduler, build_optimizer
@@ -113,8 +121,10 @@ class Trainer:
         self.model = build_model_from_config(cfg, self.device)
         if self.env.distributed:
             shard_model(self.model, self.device)
+            if self.env.is_main:
+                log.info("distributed: %s", describe_sharding(self.model))
             if cfg.training.cuda_graph and self.device.type == "cuda" and self.env.is_main:
-                log.info("training.cuda_graph is off on %d ranks: a graph would not capture FSDP's collectives", self.env.world_size)
+                log.info("training.cuda_graph is off under FSDP2 (%d ranks): a graph would not capture its collectives", self.env.world_size)
         self.optimizer = build_optimizer(self.model, cfg.optim, self.device)
         self.layers = list(adahop_layers(self.model).values())
         self.tokens_per_step = cfg.data.batch_size * cfg.data.seq_len * cfg.training.grad_accum

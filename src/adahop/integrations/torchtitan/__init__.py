@@ -28,6 +28,6 @@ except ImportError:
     __all__ = ["API", "AdaHOPConverter", "AdaHOPTitanLinear"]
 else:
     API = "0.2"
-    from .model_converter import CONVERTER_NAME, AdaHOPModelConverter, AdaHOPOptions, JobConfig
+    from .model_converter import PLAN_FILE, CONVERTER_NAME, AdaHOPModelConverter, AdaHOPOptions, JobConfig
 
-    __all__ = ["API", "CONVERTER_NAME", "AdaHOPModelConverter", "AdaHOPOptions", "JobConfig"]
+    __all__ = ["API", "CONVERTER_NAME", "PLAN_FILE", "AdaHOPModelConverter", "AdaHOPOptions", "JobConfig"]
