@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import torch
 
-from .formats import MXTensor, quantize_mx
+from .formats import MXTensor, quantize_mx, quantize_mx_tiles
 from .formats.fast import dequantize_blocked_fast, quantize_mx_fast
 from .formats.folded import FoldedFP8
 from .formats.mx import storage_shapes
@@ -117,6 +117,37 @@ def quantize_2d(
     args = (x, fmt, axis, block_size, scale_rule, rounding, seed, hadamard_block_size, signs)
     data, scales = _quantize_mx_cuda(*args) if _eager_cuda(x) else quantize_mx_op(*args)
     return MXTensor(data, scales, fmt, axis % 2, block_size, x.shape)
+
+
+# ---- quantize in square tiles (2-D weight blocks) ----------------------------------------------
+@torch.library.custom_op("adahop::quantize_mx_tiles", mutates_args=())
+def quantize_tiles_op(
+    x: torch.Tensor, fmt: str, tile_size: int, scale_rule: str, rounding: str, seed: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(data, scales) blocked along the rows, then along the columns, of ``quantize_mx_tiles(x)``.
+
+    The reference on every device, CUDA included: not a fused kernel (it quantizes weights,
+    small next to the activations, once per step)."""
+    along_rows, along_cols = quantize_mx_tiles(
+        x, fmt, tile_size=tile_size, scale_rule=scale_rule, rounding=rounding, seed=int(seed)
+    )
+    return along_rows.data, along_rows.scales, along_cols.data, along_cols.scales
+
+
+@quantize_tiles_op.register_fake
+def _(x, fmt, tile_size, scale_rule, rounding, seed):
+    rows, cols = x.shape
+    shapes = (*storage_shapes(rows, cols, fmt, tile_size), *storage_shapes(cols, rows, fmt, tile_size))
+    return tuple(x.new_empty(shape, dtype=torch.uint8) for shape in shapes)
+
+
+def quantize_tiles_2d(
+    x: torch.Tensor, fmt: str, *, tile_size: int, scale_rule: str, rounding: str, seed: torch.Tensor
+) -> tuple[MXTensor, MXTensor]:
+    """``quantize_tiles_op`` wrapped into two ``MXTensor`` s: blocked along dim 1 and along dim 0."""
+    row_data, row_scales, col_data, col_scales = quantize_tiles_op(x, fmt, tile_size, scale_rule, rounding, seed)
+    return (MXTensor(row_data, row_scales, fmt, 1, tile_size, x.shape),
+            MXTensor(col_data, col_scales, fmt, 0, tile_size, x.shape))
 
 
 # ---- quantize straight into the folded FP8 operand -------------------------------------------

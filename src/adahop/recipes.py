@@ -11,6 +11,11 @@
 Ablations on top of any recipe: ``bf16_gemms`` keeps those GEMM roles ("forward", "dgrad",
 "wgrad") in BF16 in every converted layer, ``bf16_layers`` (fnmatch patterns on module names)
 keeps all three GEMMs of the matching layers in BF16; both override the frozen plan.
+
+Knobs an independent port found to matter, each off by default: ``hadamard_signs`` (random-sign
+Hadamard), ``backward_rounding="stochastic"`` (stochastic rounding on every backward operand, not
+only dY) and ``weight_blocks="2d"`` (W quantized once in square tiles, so the forward and dgrad
+see the same quantized weight).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from .policy.strategies import DEFAULT_TABLE, GEMMS, Strategy, get_table
 from .transforms import HADAMARD_BLOCK_SIZES
 
 ADAPTIVE = "adaptive"
+WEIGHT_BLOCKS = ("1d", "2d")  # MX blocks of W: along each GEMM's K, or square tiles valid in both orientations
 
 
 def name_matches(name: str, patterns: tuple[str, ...]) -> bool:
@@ -45,9 +51,11 @@ class Recipe:
     table: str | dict[str, str] = DEFAULT_TABLE  # a table name or a user mapping {"row,none": "oe_left", ...}
     fmt: str = "mxfp4"
     block_size: int = 32
-    scale_rule: str = "floor"
-    rounding: str = "nearest"  # activations and weights
+    scale_rule: str = "floor"  # E8M0 scale of every MX block: floor (OCP) | ceil | even | rceil (formats.scales)
+    rounding: str = "nearest"  # X and W as the forward GEMM reads them
+    backward_rounding: str = "nearest"  # the copies of X and W quantized for wgrad (Xᵀ) and dgrad (Wᵀ)
     grad_rounding: str = "stochastic"  # output gradients dY
+    weight_blocks: str = "1d"  # "2d": W in block_size x block_size tiles, shared by forward and dgrad
     hadamard_block_size: int = 32
     hadamard_signs: bool = False  # seeded random-sign Hadamard variant
     hadamard_seed: int = 0
@@ -78,7 +86,14 @@ class Recipe:
         check(self.fmt, tuple(ELEMENT_FORMATS), "fmt")
         check(self.scale_rule, SCALE_RULES, "scale_rule")
         check(self.rounding, ROUNDING_MODES, "rounding")
+        check(self.backward_rounding, ROUNDING_MODES, "backward_rounding")
         check(self.grad_rounding, ROUNDING_MODES, "grad_rounding")
+        check(self.weight_blocks, WEIGHT_BLOCKS, "weight_blocks")
+        if self.weight_blocks == "2d" and self.strategy != Strategy.MXFP4.value:
+            raise ValueError(
+                f"recipe {self.name!r}: weight_blocks='2d' needs strategy='mxfp4', got {self.strategy!r}: "
+                "IHT and OE rotate W along K (in for the forward, out for dgrad), so the two GEMMs cannot share one quantized W"
+            )
         check(self.hadamard_block_size, HADAMARD_BLOCK_SIZES, "hadamard_block_size")
         if self.block_size <= 0 or self.block_size % 2:
             raise ValueError(f"recipe {self.name!r}: block_size must be a positive even number")

@@ -63,8 +63,9 @@ def read_run(run_dir: str | Path) -> RunRecord:
         records = read_metrics(path)
     except json.JSONDecodeError as e:
         raise ValueError(f"{path / METRICS_FILE}: not valid JSON lines ({e})") from None
-    for rec in records:
-        steps, losses = (run.train_steps, run.train_loss) if rec["kind"] == "train" else (run.val_steps, run.val_loss)
+    curves = {"train": (run.train_steps, run.train_loss), "val": (run.val_steps, run.val_loss)}
+    for rec in (r for r in records if r["kind"] in curves):  # other kinds (pattern telemetry) are no loss
+        steps, losses = curves[rec["kind"]]
         steps.append(rec["step"])
         losses.append(rec["loss"])
     return run

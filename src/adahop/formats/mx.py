@@ -89,6 +89,14 @@ class MXTensor:
         )
 
 
+def pack_codes(codes: torch.Tensor, fmt: ElementFormat) -> torch.Tensor:
+    """Element codes (uint8, block axis last) as ``MXTensor.data``: FP4 two per byte, the
+    lower-index element in the low nibble; FP8 one per byte."""
+    if fmt.bits == 8:
+        return codes.contiguous()
+    return codes[..., 0::2] | (codes[..., 1::2] << 4)
+
+
 def storage_shapes(outer: int, length: int, fmt: str, block_size: int) -> tuple[tuple[int, int], tuple[int, int]]:
     """(codes bytes, E8M0 scales) shapes of ``outer`` rows of ``length`` elements blocked along
     the rows, the block axis padded to whole blocks (the storage of a 2-D MXTensor)."""
@@ -162,10 +170,5 @@ def quantize_mx(
         offsets = torch.arange(scaled.numel(), device=x.device).view(scaled.shape)
         noise = philox.uniform(0 if seed is None else seed, offsets)
     q = round_to_element(scaled, efmt, noise).flatten(-2)
-
-    if efmt.bits == 4:
-        codes = encode_e2m1(q)
-        data = codes[..., 0::2] | (codes[..., 1::2] << 4)
-    else:
-        data = encode_fp8(q, efmt)
-    return MXTensor(data, codes_e8m0, fmt, axis, block_size, x.shape)
+    codes = encode_e2m1(q) if efmt.bits == 4 else encode_fp8(q, efmt)
+    return MXTensor(pack_codes(codes, efmt), codes_e8m0, fmt, axis, block_size, x.shape)

@@ -1,6 +1,6 @@
 """GEMMs of one strategy: operand preparation (transform, extraction, quantization) and the product."""
 
 from .matmul import tn_matmul
-from .operand import GemmOperand, QuantSpec, prepare_operand
+from .operand import GemmOperand, QuantSpec, prepare_operand, prepare_weight_tiles
 
-__all__ = ["GemmOperand", "QuantSpec", "prepare_operand", "tn_matmul"]
+__all__ = ["GemmOperand", "QuantSpec", "prepare_operand", "prepare_weight_tiles", "tn_matmul"]

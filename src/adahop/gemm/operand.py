@@ -138,3 +138,26 @@ def prepare_operand(
         op.extracted = t[op.rows]
     op.quantized = _rotate_and_quantize(t, spec, rotate, torch.as_tensor(seed, dtype=torch.int64), fold)
     return op
+
+
+def prepare_weight_tiles(
+    weight: torch.Tensor, forward: Strategy, dgrad: Strategy, spec: QuantSpec
+) -> tuple[GemmOperand, GemmOperand]:
+    """W [out, in] as the forward's R and Wᵀ as dgrad's R from one quantization in square
+    ``spec.block_size`` tiles (``recipe.weight_blocks = "2d"``): the two GEMMs see the same
+    quantized W. Only for GEMMs that leave W unrotated (MXFP4, or BF16, which takes W as it is):
+    IHT and OE rotate along K, which is ``in`` in the forward and ``out`` in dgrad."""
+    forward, dgrad = Strategy(forward), Strategy(dgrad)
+    if {forward, dgrad} - {Strategy.MXFP4, Strategy.BF16}:
+        raise ValueError(
+            f"2-D weight blocks need MXFP4 or BF16 forward and dgrad GEMMs, got {forward.value} and {dgrad.value}"
+        )
+    along_in = along_out = None
+    if Strategy.MXFP4 in (forward, dgrad):
+        along_in, along_out = ops.quantize_tiles_2d(
+            weight, spec.fmt, tile_size=spec.block_size, scale_rule=spec.scale_rule, rounding=spec.rounding,
+            seed=torch.zeros((), dtype=torch.int64),
+        )
+    w = GemmOperand(dense=weight) if forward is Strategy.BF16 else GemmOperand(quantized=along_in)
+    wt = GemmOperand(dense=weight.t()) if dgrad is Strategy.BF16 else GemmOperand(quantized=along_out)
+    return w, wt

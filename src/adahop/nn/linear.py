@@ -13,7 +13,10 @@ Fixed recipes (``bf16``, ``mxfp4``, ``mxfp4_hadamard``) skip calibration. X and 
 dY rounds stochastically with Philox noise keyed by seeds drawn from torch's global generator,
 so ``torch.manual_seed`` fixes them and a resumed run (RNG state restored) draws the same noise.
 What backward needs is saved quantized: X along tokens (wgrad's K) and
-W along ``out`` (dgrad's K), BF16 only for extracted outlier rows.
+W along ``out`` (dgrad's K), BF16 only for extracted outlier rows. ``recipe.backward_rounding =
+"stochastic"`` rounds those two saved copies stochastically too, with seeds of their own.
+``recipe.weight_blocks = "2d"`` quantizes W once in square tiles for the forward and dgrad (the
+saved Wᵀ is then the forward's W, rounded as the forward rounds it).
 
 NaN/Inf in an input block make that MX block NaN (scale code 255), so they propagate to the
 outputs they touch, as they would in ``nn.Linear``; they are never silently zeroed.
@@ -31,7 +34,7 @@ from torch import nn
 
 from .. import ops
 from ..gemm.matmul import tn_matmul
-from ..gemm.operand import GemmOperand, QuantSpec, prepare_operand
+from ..gemm.operand import GemmOperand, QuantSpec, prepare_operand, prepare_weight_tiles
 from ..policy.calibration import PatternVotes, attach_pattern_hooks
 from ..policy.strategies import GEMMS, ROLES, LayerPlan, Strategy
 from ..recipes import Recipe, get_recipe
@@ -41,8 +44,9 @@ from .state import decode_state, encode_state, new_state
 SEED_BOUND = 1 << 62
 
 
-def draw_rounding_seeds(device: torch.device | str = "cpu") -> torch.Tensor:
-    """Philox keys for the dgrad and wgrad quantization of dY, from torch's generator of ``device``.
+def draw_rounding_seeds(device: torch.device | str = "cpu", count: int = 2) -> torch.Tensor:
+    """Philox keys for the dgrad and wgrad quantization of dY, then (``count=4``) for the saved
+    Xᵀ and Wᵀ, from torch's generator of ``device``, in one call.
 
     Drawn once per training forward, so ``torch.manual_seed`` makes runs reproducible and a
     checkpoint that restores the RNG state resumes the exact same noise. A tensor (not a Python
@@ -50,7 +54,7 @@ def draw_rounding_seeds(device: torch.device | str = "cpu") -> torch.Tensor:
     step never waits on the host, and a step captured as a CUDA graph draws new keys (CUDA's
     Philox offset advances) on every replay.
     """
-    return torch.randint(0, SEED_BOUND, (2,), dtype=torch.int64, device=device)
+    return torch.randint(0, SEED_BOUND, (count,), dtype=torch.int64, device=device)
 
 
 @dataclass(frozen=True)
@@ -63,24 +67,31 @@ class GemmConfig:
     oe_k: int
     dgrad_seed: torch.Tensor
     wgrad_seed: torch.Tensor
+    saved: QuantSpec  # Xᵀ and Wᵀ for the backward: recipe.backward_rounding
+    xt_seed: torch.Tensor | int  # their Philox keys (0 when they round to nearest)
+    wt_seed: torch.Tensor | int
+    weight_tiles: bool  # recipe.weight_blocks == "2d"
 
 
 class _AdaHOPLinearFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, cfg: GemmConfig) -> torch.Tensor:
         plan = cfg.plan
+        w_tiles = prepare_weight_tiles(weight, plan.forward, plan.dgrad, cfg.act) if cfg.weight_tiles else None
         if plan.forward is Strategy.BF16:
             y = F.linear(x, weight)
         else:
             fold = ops.folds_into_fp8(x.device, weight.shape[0])  # both operands are used at once
             l = prepare_operand(x, plan.forward, "L", cfg.act, oe_k=cfg.oe_k, fold=fold)
-            r = prepare_operand(weight, plan.forward, "R", cfg.act, oe_k=cfg.oe_k, fold=fold)
+            r = w_tiles[0] if w_tiles else prepare_operand(weight, plan.forward, "R", cfg.act, oe_k=cfg.oe_k, fold=fold)
             y = tn_matmul(l, r, x.dtype)
 
         # Backward operands, prepared now from the high-precision tensors (quantize and
         # transpose do not commute): Xᵀ is wgrad's R, Wᵀ is dgrad's R.
-        wgrad_r = prepare_operand(x.t(), plan.wgrad, "R", cfg.act, oe_k=cfg.oe_k)
-        dgrad_r = prepare_operand(weight.t(), plan.dgrad, "R", cfg.act, oe_k=cfg.oe_k)
+        wgrad_r = prepare_operand(x.t(), plan.wgrad, "R", cfg.saved, oe_k=cfg.oe_k, seed=cfg.xt_seed)
+        dgrad_r = w_tiles[1] if w_tiles else prepare_operand(
+            weight.t(), plan.dgrad, "R", cfg.saved, oe_k=cfg.oe_k, seed=cfg.wt_seed
+        )
         (w_parts, w_meta), (d_parts, d_meta) = wgrad_r.pack(), dgrad_r.pack()
         ctx.save_for_backward(*w_parts, *d_parts)
         ctx.split, ctx.metas, ctx.cfg = len(w_parts), (w_meta, d_meta), cfg
@@ -188,11 +199,13 @@ class AdaHOPLinear(nn.Linear):
 
     # ---- forward ------------------------------------------------------------------------
     def _build_specs(self) -> None:
-        """The (X and W, dY) quantization specs, built when the signs buffer is set (here and
-        after ``.to()``) rather than on every forward."""
+        """The (X and W, dY, saved Xᵀ and Wᵀ) quantization specs, built when the signs buffer is
+        set (here and after ``.to()``) rather than on every forward."""
         r = self.recipe
         act = QuantSpec(r.fmt, r.block_size, r.scale_rule, r.rounding, r.hadamard_block_size, self.hadamard_signs)
-        self._specs = (act, dataclasses.replace(act, rounding=r.grad_rounding))
+        self._specs = (
+            act, dataclasses.replace(act, rounding=r.grad_rounding), dataclasses.replace(act, rounding=r.backward_rounding)
+        )
 
     def _apply(self, fn, recurse: bool = True):
         module = super()._apply(fn, recurse)
@@ -202,9 +215,18 @@ class AdaHOPLinear(nn.Linear):
         self._build_specs()
         return module
 
+    @property
+    def _seed_count(self) -> int:
+        """Philox keys per training forward: dY's two, plus Xᵀ's and Wᵀ's when they round stochastically."""
+        return 4 if self.recipe.backward_rounding == "stochastic" else 2
+
     def _gemm_config(self, seeds: torch.Tensor) -> GemmConfig:
-        act, grad = self._specs
-        return GemmConfig(self.plan, act, grad, self.recipe.oe_k, dgrad_seed=seeds[0], wgrad_seed=seeds[1])
+        act, grad, saved = self._specs
+        xt_seed, wt_seed = (seeds[2], seeds[3]) if len(seeds) == 4 else (0, 0)
+        return GemmConfig(
+            self.plan, act, grad, self.recipe.oe_k, dgrad_seed=seeds[0], wgrad_seed=seeds[1], saved=saved,
+            xt_seed=xt_seed, wt_seed=wt_seed, weight_tiles=self.recipe.weight_blocks == "2d",
+        )
 
     def _check_input(self, x: torch.Tensor) -> None:
         if self.weight.dim() != 2:
@@ -236,7 +258,8 @@ class AdaHOPLinear(nn.Linear):
             x, weight = x.to(dtype), weight.to(dtype)
             bias = None if bias is None else bias.to(dtype)
         needs_grad = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
-        seeds = draw_rounding_seeds(x.device) if needs_grad else torch.zeros(2, dtype=torch.int64)
+        n = self._seed_count
+        seeds = draw_rounding_seeds(x.device, count=n) if needs_grad else torch.zeros(n, dtype=torch.int64)
         cfg = self._gemm_config(seeds)
         with torch.autocast(x.device.type, enabled=False):
             y = _AdaHOPLinearFn.apply(x.reshape(-1, self.in_features), weight, cfg)

@@ -87,6 +87,9 @@ class TrainingConfig:
     compile_backend: str = "inductor"  # a torch.compile backend ("aot_eager" needs no C++ compiler)
     cuda_graph: bool = True  # on CUDA, replay each micro-step as one CUDA graph once the plans are frozen
     distributed: bool = False  # under torchrun with one process, still train through FSDP2 (several always do)
+    # Every N steps after calibration, sample each layer's X/W/dY outlier patterns and log how many
+    # drifted from the plan (train.telemetry); 0 turns it off. That step runs eagerly (no graph replay).
+    pattern_telemetry_every: int = 500
 
 
 @dataclass
@@ -179,7 +182,7 @@ _POSITIVE = (
     "checkpoint.interval", "checkpoint.keep_last", "logging.log_every", "logging.val_every",
     "logging.val_batches",
 )
-_NON_NEGATIVE = ("optim.weight_decay", "optim.warmup_steps", "optim.grad_clip")
+_NON_NEGATIVE = ("optim.weight_decay", "optim.warmup_steps", "optim.grad_clip", "training.pattern_telemetry_every")
 _SECTIONS = {f.name for f in dataclasses.fields(TrainConfig)} - {"out", "recipe"}
 
 

@@ -7,7 +7,12 @@
   trained on so far; ``phase`` is ``"calibrating"`` or ``"frozen"``); a run on several ranks
   (one record, by rank 0) sums ``tokens_per_s`` over ranks, reports the largest rank's
   ``memory_mib`` and adds ``memory_mib_per_rank``, a list in rank order;
-- ``{"kind": "val", "step", "loss", "perplexity"}`` every ``logging.val_every`` steps and at the end.
+- ``{"kind": "val", "step", "loss", "perplexity"}`` every ``logging.val_every`` steps and at the end;
+- ``{"kind": "patterns", "step", "drift_x", "drift_w", "drift_g", "strategy_drift", "layers", "sampled"}``
+  every ``training.pattern_telemetry_every`` steps after calibration (see ``telemetry``).
+
+Numbers go to TensorBoard as ``kind/name`` (``patterns/drift_g``); other values (``sampled``) only
+to ``metrics.jsonl``.
 """
 
 from __future__ import annotations

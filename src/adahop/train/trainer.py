@@ -3,7 +3,8 @@
 Calibration needs no code here: under an adaptive recipe each ``AdaHOPLinear`` records
 outlier patterns during its first ``recipe.calibration_steps`` training forwards (computing in
 high precision) and then freezes its plan. The trainer only notices the freeze, logs the plan
-table and saves ``plan.json``.
+table and saves ``plan.json``. After it, every ``training.pattern_telemetry_every`` steps, it
+samples the patterns again and logs how far they drifted from the plan (``telemetry``).
 
 Everything a step depends on (weights, optimizer and schedule, data position, each layer's
 plan and votes, the random generators that seed stochastic rounding) is in the checkpoint, so
@@ -74,6 +75,7 @@ from .sharded_checkpoint import (
     restore_rng,
     save_sharded,
 )
+from .telemetry import RECORD_KIND, calibrated_layers, drift_record, merge_over_ranks, sample_patterns
 
 log = logging.getLogger(__name__)
 
@@ -126,11 +128,13 @@ class Trainer:
             if cfg.training.cuda_graph and self.device.type == "cuda" and self.env.is_main:
                 log.info("training.cuda_graph is off under FSDP2 (%d ranks): a graph would not capture its collectives", self.env.world_size)
         self.optimizer = build_optimizer(self.model, cfg.optim, self.device)
-        self.layers = list(adahop_layers(self.model).values())
+        self.named_layers = adahop_layers(self.model)
+        self.layers = list(self.named_layers.values())
         self.tokens_per_step = cfg.data.batch_size * cfg.data.seq_len * cfg.training.grad_accum
         self.step = 0
         self._plan_saved = self._compiled = False
         self._graphed: GraphedMicroStep | None = None
+        self.pattern_record: dict | None = None  # the last telemetry step's, until logged
         if checkpoint is not None:
             self._resume_from(*checkpoint)
         self.scheduler = build_lr_scheduler(self.optimizer, cfg.optim, cfg.training.steps, self.step)
@@ -284,25 +288,43 @@ class Trainer:
     def _autocast(self) -> torch.autocast:
         return autocast_for(self.cfg, self.device)
 
-    def _micro_step(self, inputs: torch.Tensor, targets: torch.Tensor, first: bool) -> torch.Tensor:
+    def _micro_step(self, inputs: torch.Tensor, targets: torch.Tensor, first: bool, eager: bool = False) -> torch.Tensor:
         """Forward and backward of one micro-batch (gradients accumulate after the ``first``);
-        returns its loss."""
-        if self._graphed is not None:
+        returns its loss. ``eager``: no graph replay and compiled blocks run uncompiled (Python
+        hooks observe it)."""
+        if self._graphed is not None and not eager:
             return self._graphed(inputs, targets, first=first)
-        with self._autocast():
+        if self._graphed is not None and first:  # the graphs own .grad: overwrite it in place
+            self.optimizer.zero_grad(set_to_none=False)
+        uncompiled = torch.compiler.set_stance("force_eager") if eager and self._compiled else contextlib.nullcontext()
+        with self._autocast(), uncompiled:
             _, loss = self.model(inputs, targets)
         (loss / self.cfg.training.grad_accum).backward()
         return loss.detach()
 
+    def _telemetry_layers(self) -> dict:
+        """The layers to sample on the coming step: after calibration, every ``pattern_telemetry_every`` steps."""
+        every = self.cfg.training.pattern_telemetry_every
+        if not every or (self.step + 1) % every or self.phase == "calibrating":
+            return {}
+        return calibrated_layers(self.named_layers)
+
     def train_step(self) -> tuple[float, float]:
-        """One optimizer step over ``grad_accum`` micro-batches; returns (loss, grad norm)."""
+        """One optimizer step over ``grad_accum`` micro-batches; returns (loss, grad norm). On a
+        pattern-telemetry step the patterns it saw wait in ``pattern_record``."""
         self._maybe_compile()
         self._maybe_graph()
         accum = self.cfg.training.grad_accum
         loss_sum = torch.zeros((), device=self.device)
-        for i in range(accum):
-            inputs, targets = (t.to(self.device, non_blocking=True) for t in next(self.data.train))
-            loss_sum += self._micro_step(inputs, targets, first=i == 0)
+        sampled = self._telemetry_layers()
+        with sample_patterns(sampled) as votes:
+            for i in range(accum):
+                inputs, targets = (t.to(self.device, non_blocking=True) for t in next(self.data.train))
+                loss_sum += self._micro_step(inputs, targets, first=i == 0, eager=bool(sampled))
+        if sampled:
+            if self.env.distributed:
+                merge_over_ranks(votes, self.device)
+            self.pattern_record = drift_record(sampled, votes)
         loss_mean = loss_sum / accum
         loss = (all_ranks_mean(loss_mean) if self.env.distributed else loss_mean).item()
         max_norm = self.cfg.optim.grad_clip or math.inf  # inf: measure the norm, clip nothing
@@ -364,6 +386,16 @@ class Trainer:
             self.cfg.training.steps, loss, lr, grad_norm, f"{tokens_per_s:,.0f}", f"{memory:,.0f}", self.phase,
         )
 
+    def _log_patterns(self, metrics: MetricsLogger | None) -> None:
+        record, self.pattern_record = self.pattern_record, None
+        if metrics is None:
+            return
+        metrics.log(RECORD_KIND, self.step, **record)
+        log.info(
+            "step %d  pattern drift from the plan: x %.2f  w %.2f  dY %.2f  strategies %.2f (%d layers)", self.step,
+            record["drift_x"], record["drift_w"], record["drift_g"], record["strategy_drift"], record["layers"],
+        )
+
     def _validate(self, metrics: MetricsLogger | None) -> float:
         loss = self.evaluate()
         if metrics is None:
@@ -390,8 +422,9 @@ class Trainer:
                     start = time.perf_counter()
                     try:
                         loss, grad_norm = self.train_step()
-                    except NonFiniteTensorError:  # seen by a calibrating layer before the loss
-                        raise self._non_finite("an operand of a calibrating layer holds NaN or Inf") from None
+                    except NonFiniteTensorError:  # seen by a layer measuring its patterns, before the loss
+                        which = "a calibrating layer" if self.phase == "calibrating" else "a layer sampled for pattern telemetry"
+                        raise self._non_finite(f"an operand of {which} holds NaN or Inf") from None
                     timed_steps, step_time = timed_steps + 1, step_time + time.perf_counter() - start
                     self.step += 1
                     self._maybe_save_plan()
@@ -403,6 +436,8 @@ class Trainer:
                         bar.close()
                         bar, phase = self._progress_bar(), self.phase
                     last = self.step == steps
+                    if self.pattern_record is not None:
+                        self._log_patterns(metrics)
                     if self.step % every.log_every == 0 or last:
                         self._log_train(metrics, loss, lr, grad_norm, tokens_per_s)
                         timed_steps, step_time = 0, 0.0
