@@ -25,6 +25,12 @@ def fq(t, rounding="nearest", seed=0, rotate=False):
     return quantize_mx(t, rounding=rounding, seed=seed).dequantize()
 
 
+def top_rows(t, k):
+    """The k rows of largest abs-max, ties to the lower row: Python's sort on (-score, row)."""
+    scores = t.abs().amax(1).tolist()
+    return sorted(range(len(scores)), key=lambda i: (-scores[i], i))[:k]
+
+
 def reference_gemm(l, r, strategy, rounding="nearest", seed=0, k=4):
     """C = L @ R.T with a strategy, independent of adahop.gemm: masks instead of index ops."""
     l, r = l.float(), r.float()
@@ -34,9 +40,9 @@ def reference_gemm(l, r, strategy, rounding="nearest", seed=0, k=4):
     lrows = torch.zeros(l.shape[0], dtype=torch.bool)
     rrows = torch.zeros(r.shape[0], dtype=torch.bool)
     if strategy == "oe_left":
-        lrows[l.abs().amax(1).topk(k).indices] = True
+        lrows[top_rows(l, k)] = True
     if strategy == "oe_right":
-        rrows[r.abs().amax(1).topk(k).indices] = True
+        rrows[top_rows(r, k)] = True
     lq = fq(l * ~lrows[:, None], rounding, seed, rotate)
     rq = fq(r * ~rrows[:, None], "nearest", 0, rotate)
     c = lq @ rq.T

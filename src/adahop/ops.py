@@ -21,6 +21,7 @@ from .formats import MXTensor, quantize_mx, quantize_mx_tiles
 from .formats.fast import dequantize_blocked_fast, quantize_mx_fast
 from .formats.folded import FoldedFP8
 from .formats.mx import storage_shapes
+from .policy.selection import top_rows_reference
 from .transforms import hadamard_transform
 
 _kernels_enabled = True
@@ -214,6 +215,32 @@ def folds_into_fp8(device: torch.device, n: int) -> bool:
     from .kernels.gemm import default_route
 
     return default_route(device, n) == "fold_fp8"
+
+
+# ---- outlier rows -------------------------------------------------------------------------
+@torch.library.custom_op("adahop::top_rows", mutates_args=())
+def top_rows_op(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices (ascending) of the ``k`` largest scores, ties to the lower index (``policy.selection``)."""
+    return top_rows_reference(scores, k)
+
+
+@top_rows_op.register_kernel("cuda")
+def _top_rows_cuda(scores, k):
+    from .kernels.select import MAX_ROWS, top_rows_triton
+
+    if not _kernels_enabled or scores.numel() > MAX_ROWS:
+        return top_rows_reference(scores, k)  # the same rule, by a sort
+    return top_rows_triton(scores, k)
+
+
+@top_rows_op.register_fake
+def _(scores, k):
+    return scores.new_empty(k, dtype=torch.int64)
+
+
+def top_rows(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """``top_rows_op`` (direct call on eager CUDA)."""
+    return _top_rows_cuda(scores, k) if _eager_cuda(scores) else top_rows_op(scores, k)
 
 
 # ---- matmul -------------------------------------------------------------------------------

@@ -1,0 +1,27 @@
+"""Which rows outlier extraction takes: the specification that the selection kernel matches.
+
+The ``k`` rows with the largest score (a row's abs-max), ties broken toward the lower row index,
+NaN above every number; returned in ascending row order. ``torch.topk`` leaves ties to the
+implementation, and a tie decides which row goes to the BF16 path, so the rule is written out
+here and the CUDA kernel (``kernels/select.py``) is tested against it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def check_top_rows_args(scores: torch.Tensor, k: int) -> None:
+    if scores.dim() != 1 or scores.dtype != torch.float32:
+        raise ValueError(f"top_rows takes a 1-D float32 score vector, got {scores.dtype} of shape {tuple(scores.shape)}")
+    if not 0 < k <= scores.numel():
+        raise ValueError(f"top_rows needs 0 < k <= {scores.numel()} (the number of rows), got k={k}")
+
+
+def top_rows_reference(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices (int64, ascending) of the ``k`` largest non-negative ``scores`` (NaN largest;
+    ties to the lower index)."""
+    check_top_rows_args(scores, k)
+    # A stable descending sort keeps equal scores in index order; sort puts NaN above all.
+    order = torch.sort(scores.abs(), descending=True, stable=True).indices[:k]
+    return torch.sort(order).values
