@@ -83,3 +83,37 @@ def test_tile_quantizer_fake_kernel_gives_shapes_on_meta():
     assert shapes == [(100, 48), (100, 3), (70, 64), (70, 4)]
     real = ops.quantize_tiles_op(torch.randn(100, 70), "mxfp4", 32, "floor", "nearest", torch.tensor(0))
     assert [t.shape for t in real] == shapes
+
+
+def test_compiled_block_quantizes_a_shared_input_once():
+    """wq/wk/wv read one normalized X, and so do w1/w3: with equal specs their X operands are
+    the same custom-op call, which the joint-graph CSE of the partitioner Inductor uses
+    (min-cut) merges, in the forward (X) and in wgrad (Xᵀ). Run here with that partitioner and
+    no code generation, counting quantizer calls."""
+    from functorch.compile import min_cut_rematerialization_partition
+    from torch._dynamo.backends.common import aot_autograd
+
+    from adahop import ops
+    from adahop.models import build_model
+    from adahop.nn import adahop_layers
+
+    torch.manual_seed(0)
+    model = convert_model(build_model("tiny", vocab_size=256), "adahop_lv2")
+    for layer in adahop_layers(model).values():
+        layer.set_plan(LayerPlan("iht", "iht", "iht"))
+    block = model.layers[0]
+    backend = aot_autograd(fw_compiler=lambda gm, _: gm, partition_fn=min_cut_rematerialization_partition)
+    x = torch.randn(2, 32, block.attention.wq.in_features, requires_grad=True)
+    rope = model.rope_cos[:32], model.rope_sin[:32]
+
+    calls = []
+    quantize = ops._quantize_mx_cpu
+    counting = lambda *args: calls.append(args[0].shape) or quantize(*args)  # noqa: E731
+    with torch.library._scoped_library("adahop", "IMPL") as lib:
+        lib.impl("quantize_mx", counting, "CPU")
+        block(x, *rope).sum().backward()
+        eager_calls, calls[:] = len(calls), []
+        compiled = torch.compile(block, backend=backend)
+        compiled(x, *rope).sum().backward()
+    # Per block 7 layers x 6 operands eagerly; compiled, X and Xᵀ of wk, wv and w3 are shared.
+    assert eager_calls == 42 and len(calls) == 42 - 6

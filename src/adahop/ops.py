@@ -6,7 +6,9 @@ so a model built from ``AdaHOPLinear`` traces under ``torch.compile`` with each 
 Triton is imported only when a CUDA kernel actually runs.
 
 The stochastic-rounding seed is a 0-dim int64 tensor, not a Python int, so a compiled graph
-does not specialise on (and recompile for) every training step. The kernels read it from device
+does not specialise on (and recompile for) every training step; round to nearest passes None,
+so two layers quantizing one input (``wq``/``wk``/``wv``) make equal calls that the compiled
+joint graph merges (CSE). The kernels read it from device
 memory, so a step captured as a CUDA graph draws new noise on every replay.
 """
 
@@ -45,13 +47,17 @@ def _eager_cuda(t: torch.Tensor) -> bool:
     return t.is_cuda and not torch.compiler.is_compiling()
 
 
+def _seed_value(seed: torch.Tensor | None) -> int:
+    return 0 if seed is None else int(seed)
+
+
 # ---- quantize -----------------------------------------------------------------------------
 def _quantize_reference(x, fmt, axis, block_size, scale_rule, rounding, seed, hadamard_block_size, signs):
     if hadamard_block_size:
         x = hadamard_transform(x, axis=axis, block_size=hadamard_block_size, signs=signs)
     q = quantize_mx(
         x, fmt, axis=axis, block_size=block_size, scale_rule=scale_rule, rounding=rounding,
-        seed=int(seed),
+        seed=_seed_value(seed),
     )
     return q.data, q.scales
 
@@ -64,7 +70,7 @@ def quantize_mx_op(
     block_size: int,
     scale_rule: str,
     rounding: str,
-    seed: torch.Tensor,
+    seed: torch.Tensor | None,
     hadamard_block_size: int,
     signs: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -90,7 +96,7 @@ def _quantize_mx_cpu(x, fmt, axis, block_size, scale_rule, rounding, seed, hadam
     """The reference's bits by the faster route of ``formats.fast`` (tests/test_fast_reference.py)."""
     q = quantize_mx_fast(
         x, fmt, axis=axis, block_size=block_size, scale_rule=scale_rule, rounding=rounding,
-        seed=int(seed), hadamard_block_size=hadamard_block_size, signs=signs,
+        seed=_seed_value(seed), hadamard_block_size=hadamard_block_size, signs=signs,
     )
     return q.data, q.scales
 
@@ -110,7 +116,7 @@ def quantize_2d(
     block_size: int,
     scale_rule: str,
     rounding: str,
-    seed: torch.Tensor,
+    seed: torch.Tensor | None,
     hadamard_block_size: int = 0,
     signs: torch.Tensor | None = None,
 ) -> MXTensor:
@@ -165,7 +171,7 @@ def quantize_fold_op(
     x: torch.Tensor,
     scale_rule: str,
     rounding: str,
-    seed: torch.Tensor,
+    seed: torch.Tensor | None,
     hadamard_block_size: int,
     signs: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -196,7 +202,7 @@ def quantize_fold_2d(
     *,
     scale_rule: str,
     rounding: str,
-    seed: torch.Tensor,
+    seed: torch.Tensor | None,
     hadamard_block_size: int = 0,
     signs: torch.Tensor | None = None,
 ) -> FoldedFP8:

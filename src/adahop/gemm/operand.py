@@ -81,7 +81,7 @@ def outlier_rows(t: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def _rotate_and_quantize(
-    t: torch.Tensor, spec: QuantSpec, rotate: bool, seed: torch.Tensor, fold: bool
+    t: torch.Tensor, spec: QuantSpec, rotate: bool, seed: torch.Tensor | None, fold: bool
 ) -> MXTensor | FoldedFP8 | torch.Tensor:
     """Inner Hadamard (if ``rotate``) and MX quantization along the last dim, one fused op;
     ``fold``: straight into the folded FP8 operand where the fused kernel serves ``t``."""
@@ -137,7 +137,9 @@ def prepare_operand(
         # extracted rows need not be zeroed first: their products are overwritten in tn_matmul.
         op.rows = outlier_rows(t, oe_k)
         op.extracted = t[op.rows]
-    op.quantized = _rotate_and_quantize(t, spec, rotate, torch.as_tensor(seed, dtype=torch.int64), fold)
+    # No seed to round to nearest: layers sharing an input then make equal calls (merged by compile).
+    seed = None if spec.rounding == "nearest" else torch.as_tensor(seed, dtype=torch.int64)
+    op.quantized = _rotate_and_quantize(t, spec, rotate, seed, fold)
     return op
 
 
