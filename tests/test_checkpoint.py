@@ -62,7 +62,7 @@ def assert_same_state(a: dict, b: dict, where: str) -> None:
 # Resume at step 1 while calibrating (votes in the checkpoint) and at step 4, after the freeze
 # (plan in the checkpoint; stochastic rounding draws its seeds from torch's restored generator).
 @pytest.mark.parametrize("stop_after", [1, 4])
-def test_resume_is_bit_exact(stop_after, straight_run, small_overrides, tmp_path, monkeypatch):
+def test_resume_is_bit_exact(stop_after, straight_run, small_overrides, tmp_path, monkeypatch, caplog):
     out = tmp_path / "resumed"
     cfg = load_config(None, exact_run_overrides(small_overrides, out, checkpoint__interval=stop_after))
 
@@ -74,9 +74,14 @@ def test_resume_is_bit_exact(stop_after, straight_run, small_overrides, tmp_path
     with monkeypatch.context() as patch, pytest.raises(Interrupted):
         patch.setattr(trainer_module, "save_checkpoint", save_then_crash)
         Trainer(cfg, progress=False).train()
-    resumed = Trainer(cfg, resume=True, progress=False)
-    assert resumed.step == stop_after
-    resumed.train()
+    caplog.clear()
+    with caplog.at_level("INFO", logger="adahop"):
+        resumed = Trainer(cfg, resume=True, progress=False)
+        assert resumed.step == stop_after
+        resumed.train()
+    # A plan that came with the checkpoint is reported as restored, one that froze after the resume as frozen.
+    how = "restored from the checkpoint" if stop_after >= 2 else "frozen"
+    assert [r.getMessage().split(" (")[0] for r in caplog.records if "strategy plan" in r.getMessage()] == [f"strategy plan {how}"]
 
     def losses(run):
         return [(r["kind"], r["step"], r["loss"]) for r in read_metrics(run)]

@@ -132,7 +132,7 @@ class Trainer:
         self.layers = list(self.named_layers.values())
         self.tokens_per_step = cfg.data.batch_size * cfg.data.seq_len * cfg.training.grad_accum
         self.step = 0
-        self._plan_saved = self._compiled = False
+        self._plan_saved = self._compiled = self._plan_restored = False
         self._graphed: GraphedMicroStep | None = None
         self.pattern_record: dict | None = None  # the last telemetry step's, until logged
         if checkpoint is not None:
@@ -226,6 +226,7 @@ class Trainer:
             set_rng_state(state["rng"])
         apply_hyperparameters(self.optimizer, self.cfg.optim)
         self.step = state["step"]
+        self._plan_restored = self.phase == "frozen"  # the checkpoint's plans, not a new calibration
         log.info("resumed from %s at step %d", path, self.step)
 
     def save(self) -> Path:
@@ -256,7 +257,8 @@ class Trainer:
             return
         plan = model_plan(self.model)
         plan.save(self.run_dir / PLAN_FILE)
-        log.info("strategy plan frozen (step %d, recipe %s):\n%s", self.step, self.cfg.recipe.name, plan.summary())
+        how = "restored from the checkpoint" if self._plan_restored else "frozen"
+        log.info("strategy plan %s (step %d, recipe %s):\n%s", how, self.step, self.cfg.recipe.name, plan.summary())
 
     def _maybe_compile(self) -> None:
         """Compile the transformer blocks once no layer calibrates: a calibrating layer runs
