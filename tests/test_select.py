@@ -39,20 +39,25 @@ def test_reference_is_the_rule(n, k):
         assert top_rows_reference(s, k).tolist() == oracle(s, k)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("n, k", [(1, 1), (7, 3), (33, 32), (64, 64), (1000, 64), (8192, 64), (12288, 100)])
-def test_kernel_equals_reference(n, k):
+def test_kernel_equals_reference(n, k, dtype):
+    """In every score dtype (the kernel bisects only the bits a bfloat16 or float16 score can set)."""
     for seed in range(2):
-        s = scores_with_ties(n, seed).to(DEVICE)
+        s = scores_with_ties(n, seed).to(dtype).to(DEVICE)
         assert torch.equal(top_rows_triton(s, k).cpu(), top_rows_reference(s.cpu(), k))
 
 
-def test_kernel_on_distinct_scores():
-    """Random float32 scores (every bit of the key matters) and a row of the largest value."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_kernel_on_distinct_scores(dtype):
+    """Random scores over many binades (every bit of the key matters), the dtype's largest
+    value and its smallest subnormal."""
     g = torch.Generator().manual_seed(5)
-    s = torch.rand(5000, generator=g) * torch.exp2(torch.randint(-20, 20, (5000,), generator=g).float())
-    s[17] = torch.finfo(torch.float32).max
+    s = (torch.rand(5000, generator=g) * torch.exp2(torch.randint(-20, 12, (5000,), generator=g).float())).to(dtype)
+    s[17], s[18] = torch.finfo(dtype).max, torch.finfo(dtype).smallest_normal / 4
     got = top_rows_triton(s.to(DEVICE), 64).cpu()
     assert torch.equal(got, top_rows_reference(s, 64)) and 17 in got.tolist()
+    assert torch.equal(top_rows_triton(s.to(DEVICE), 4999).cpu(), top_rows_reference(s, 4999))
 
 
 def test_op_routes_agree_and_errors_say_what_is_wrong():
@@ -60,5 +65,5 @@ def test_op_routes_agree_and_errors_say_what_is_wrong():
     assert torch.equal(ops.top_rows(s.to(DEVICE), 10).cpu(), top_rows_reference(s, 10))
     with pytest.raises(ValueError, match="0 < k <= 300"):
         top_rows_reference(s, 301)
-    with pytest.raises(ValueError, match="1-D float32"):
+    with pytest.raises(ValueError, match="1-D float32, bfloat16 or float16"):
         top_rows_reference(s.double(), 3)

@@ -77,7 +77,7 @@ def outlier_rows(t: torch.Tensor, k: int) -> torch.Tensor:
     """Indices (ascending) of the ``k`` rows with the largest abs-max, the rows that would set
     block scales; ties to the lower row (``policy.selection``)."""
     score = torch.linalg.vector_norm(t.detach(), float("inf"), dim=1)  # one fused pass, no |t| copy
-    return ops.top_rows(score.float(), min(k, t.shape[0]))
+    return ops.top_rows(score, min(k, t.shape[0]))
 
 
 def _rotate_and_quantize(

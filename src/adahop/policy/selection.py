@@ -11,17 +11,22 @@ from __future__ import annotations
 import torch
 
 
+SCORE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
 def check_top_rows_args(scores: torch.Tensor, k: int) -> None:
-    if scores.dim() != 1 or scores.dtype != torch.float32:
-        raise ValueError(f"top_rows takes a 1-D float32 score vector, got {scores.dtype} of shape {tuple(scores.shape)}")
+    if scores.dim() != 1 or scores.dtype not in SCORE_DTYPES:
+        raise ValueError(
+            f"top_rows takes a 1-D float32, bfloat16 or float16 score vector, got {scores.dtype} of shape {tuple(scores.shape)}"
+        )
     if not 0 < k <= scores.numel():
         raise ValueError(f"top_rows needs 0 < k <= {scores.numel()} (the number of rows), got k={k}")
 
 
 def top_rows_reference(scores: torch.Tensor, k: int) -> torch.Tensor:
-    """Indices (int64, ascending) of the ``k`` largest non-negative ``scores`` (NaN largest;
-    ties to the lower index)."""
+    """Indices (int64, ascending) of the ``k`` largest ``|scores|`` (NaN largest; ties to the
+    lower index). Scores keep the dtype of the rows they score: a row's abs-max is exact in it."""
     check_top_rows_args(scores, k)
     # A stable descending sort keeps equal scores in index order; sort puts NaN above all.
-    order = torch.sort(scores.abs(), descending=True, stable=True).indices[:k]
+    order = torch.sort(scores.float().abs(), descending=True, stable=True).indices[:k]
     return torch.sort(order).values
