@@ -13,11 +13,8 @@ import mx_oracle
 
 from adahop.formats import ELEMENT_FORMATS, SCALE_RULES, MXTensor, philox, quantize_mx
 from adahop.kernels.mx_math import philox_noise
-from adahop.kernels.quantize import (
-    QuantizeTiling,
-    quantize_mx_triton,
-    quantize_mx_triton_both,
-)
+from adahop.kernels.quantize import quantize_mx_triton, quantize_mx_triton_both
+from adahop.kernels.quantize_tiling import QuantizeTiling
 from adahop.transforms.hadamard import (
     HADAMARD_BLOCK_SIZES,
     hadamard_matrix,

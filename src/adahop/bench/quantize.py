@@ -23,12 +23,8 @@ from dataclasses import asdict, dataclass
 import torch
 from triton.testing import do_bench, do_bench_cudagraph
 
-from ..kernels.quantize import (
-    QuantizeTiling,
-    default_tiling,
-    quantize_mx_triton,
-    quantize_mx_triton_both,
-)
+from ..kernels.quantize import quantize_mx_triton, quantize_mx_triton_both
+from ..kernels.quantize_tiling import QuantizeTiling, default_tiling
 
 # Candidates of ``--quantize-sweep``: tile areas of 1-32K elements on 1-8 warps.
 TILINGS = (

@@ -9,7 +9,8 @@ stated tolerance against the reference in ``adahop.formats``. Importing this pac
 
 from .fold import FoldedFP8, fold_to_fp8
 from .gemm import ROUTES, mx_matmul
-from .quantize import QuantizeTiling, quantize_mx_triton, quantize_mx_triton_both
+from .quantize import quantize_mx_triton, quantize_mx_triton_both
+from .quantize_tiling import QuantizeTiling
 
 __all__ = [
     "ROUTES",

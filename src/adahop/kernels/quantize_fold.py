@@ -26,7 +26,8 @@ from ..formats.mx import check_quantize_args
 from ..transforms.hadamard import check_hadamard_args
 from .fold import FLUSH_SHIFT, FOLD_OFFSET, _fold_nibbles
 from .mx_triton import INTERPRET, cdiv
-from .quantize import _seed_on, _zero_seed, common_constexprs, row_blocks, row_codes
+from .quantize import common_constexprs, seed_pointer, zero_seed
+from .quantize_blocks import row_blocks, row_codes
 
 ELEMENTS_PER_THREAD = 32  # one block per thread, as in the row-wise quantize kernel
 MAX_WARPS = 16
@@ -130,7 +131,7 @@ def quantize_fold_fp8(
     # Separate tensors, not views of one: a custom op's outputs may not alias each other.
     row_scale = torch.empty(M, dtype=torch.float32, device=x.device)
     lossy = torch.empty(M, dtype=torch.int32, device=x.device)
-    seed_ptr = _seed_on(x.device, seed) if rounding == "stochastic" else _zero_seed(x.device)
+    seed_ptr = seed_pointer(x.device, seed) if rounding == "stochastic" else zero_seed(x.device)
     _quantize_fold_rows_kernel[(cdiv(M, block_m),)](
         x.view(torch.int16) if x.dtype == torch.bfloat16 else x,
         x if signs is None else signs.to(device=x.device, dtype=torch.float32).contiguous(),

@@ -1,0 +1,83 @@
+"""sm_90 PTX fingerprints of every quantize kernel variant the launch plans pick, without a GPU.
+
+Triton compiles for ``GPUTarget("cuda", 90, 32)`` on a CPU-only machine (the ``ptxas`` it bundles
+included), so a change to kernel code can be checked against the GPU before a GPU is at hand: a
+refactor that leaves every fingerprint unchanged leaves the code the H200 runs unchanged
+(debug sections, ``.loc`` lines and label names are left out: they name source lines, not code).
+
+    env -u TRITON_INTERPRET PYTHONPATH=src python benchmarks/ptx_fingerprint.py > after.txt
+
+Run it before and after a change with the same Triton (CI's is 3.9, the H200's 3.6) and diff.
+``tests/test_kernels_compile.py`` runs it, so every variant must compile for sm_90 in CI too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterator
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from adahop.kernels import quantize as q
+from adahop.kernels import quantize_fold as qf
+
+SM90 = GPUTarget("cuda", 90, 32)
+# Triton types of the runtime arguments, by name (bfloat16 input is passed as int16 bits).
+POINTERS = {
+    "x_ptr": "*i16", "signs_ptr": "*fp32", "seed_ptr": "*i64", "row_scale_ptr": "*u8", "col_scale_ptr": "*u8",
+    "scale_ptr": "*u8", "row_data_ptr": "*i32", "col_data_ptr": "*i32", "data_ptr": "*i32", "out_ptr": "*u8",
+    "lossy_ptr": "*i32",
+}
+FOLD_POINTERS = {**POINTERS, "row_scale_ptr": "*i32"}  # float32 row scales written as their bits
+
+
+def compile_sm90(kernel: triton.JITFunction, constexprs: dict, num_warps: int, pointers: dict) -> str:
+    """The kernel's PTX for sm_90 with ``constexprs``, debug information left out."""
+    names = kernel.arg_names
+    signature = {
+        n: "constexpr" if n in constexprs else pointers[n] if n.endswith("_ptr")
+        else "fp32" if n == "hadamard_scale" else "i32"
+        for n in names
+    }
+    source = ASTSource(kernel, signature, constexprs={(names.index(n),): v for n, v in constexprs.items()})
+    ptx = triton.compile(source, target=SM90, options={"num_warps": num_warps}).asm["ptx"]
+    code = re.split(r"^\s*\.section\s+\.debug", ptx, maxsplit=1, flags=re.M)[0]
+    lines = (line for line in code.splitlines() if not line.strip().startswith((".loc", ".file", "//")))
+    return re.sub(r"\$L__\w+", "L", "\n".join(lines))
+
+
+def variants() -> Iterator[tuple[str, triton.JITFunction, dict, int, dict]]:
+    """(name, kernel, compile-time arguments, warps, pointer types) of bf16 MXFP4 launches."""
+    shape = (256, 512)
+    for rowwise, colwise in ((True, False), (False, True), (True, True)):
+        for rounding in ("nearest", "stochastic"):
+            for hb in (0, 32):
+                plan = q._launch_plan(*shape, torch.bfloat16, (shape[1], 1), True, "mxfp4", rowwise, colwise, 32,
+                                      "floor", rounding, hb, None, None)
+                constexprs = {k: v for k, v in plan.constexprs.items() if k != "num_warps"}
+                if plan.kernel is q._quantize_mx_kernel:
+                    constexprs["stride_n"] = 1  # the JIT specializes a unit stride
+                orientation = "both" if rowwise and colwise else "rowwise" if rowwise else "colwise"
+                yield (f"{plan.kernel.__name__} {orientation} {rounding} hadamard {hb}", plan.kernel, constexprs,
+                       plan.constexprs["num_warps"], POINTERS)
+    for rounding in ("nearest", "stochastic"):
+        for hb in (0, 32):
+            block_m, block_n, warps = qf._tile(2048, True)
+            constexprs = dict(q.common_constexprs(torch.bfloat16, True, "mxfp4", "floor", rounding, False),
+                              BLOCK_M=block_m, BLOCK_N=block_n, HADAMARD=hb)
+            yield (f"_quantize_fold_rows_kernel {rounding} hadamard {hb}", qf._quantize_fold_rows_kernel,
+                   constexprs, warps, FOLD_POINTERS)
+
+
+def main() -> None:
+    for name, kernel, constexprs, warps, pointers in variants():
+        ptx = compile_sm90(kernel, constexprs, warps, pointers)
+        print(f"{name}: {hashlib.sha256(ptx.encode()).hexdigest()[:16]} ({len(ptx)} chars)")
+
+
+if __name__ == "__main__":
+    main()
