@@ -1,9 +1,10 @@
 """``torch.library`` custom ops: the single dispatch point between the reference and the kernels.
 
 ``adahop::quantize_mx`` and ``adahop::mx_matmul`` run the pure-PyTorch reference on any device
-and the Triton kernels on CUDA. Their fake (meta) implementations give shapes without computing,
-so a model built from ``AdaHOPLinear`` traces under ``torch.compile`` with each op as one node.
-Triton is imported only when a CUDA kernel actually runs.
+and the Triton kernels on CUDA. The wrappers below take a ``formats.QuantSpec`` and flatten it,
+here and only here, into the primitive arguments the op schemas need. The fake (meta) implementations give shapes without
+computing, so a model built from ``AdaHOPLinear`` traces under ``torch.compile`` with each op as
+one node. Triton is imported only when a CUDA kernel actually runs.
 
 The stochastic-rounding seed is a 0-dim int64 tensor, not a Python int, so a compiled graph
 does not specialise on (and recompile for) every training step; round to nearest passes None,
@@ -19,9 +20,9 @@ from collections.abc import Iterator
 
 import torch
 
-from .formats import MXTensor, quantize_mx, quantize_mx_tiles
+from .formats import MXTensor, QuantSpec, quantize_mx, quantize_mx_tiles
 from .formats.fast import dequantize_blocked_fast, quantize_mx_fast
-from .formats.folded import FoldedFP8
+from .formats.folded import FOLD_BLOCK, FoldedFP8
 from .formats.mx import storage_shapes
 from .policy.selection import top_rows_reference
 from .transforms import hadamard_transform
@@ -86,7 +87,7 @@ def _quantize_mx_cuda(x, fmt, axis, block_size, scale_rule, rounding, seed, hada
 
     q = quantize_mx_triton(
         x, fmt, axis=axis, block_size=block_size, scale_rule=scale_rule, rounding=rounding,
-        seed=seed, hadamard_block_size=hadamard_block_size or None, signs=signs,
+        seed=seed, hadamard_block_size=hadamard_block_size, signs=signs,
     )
     return q.data, q.scales
 
@@ -108,22 +109,12 @@ def _(x, fmt, axis, block_size, scale_rule, rounding, seed, hadamard_block_size,
     return x.new_empty(data_shape, dtype=torch.uint8), x.new_empty(scales_shape, dtype=torch.uint8)
 
 
-def quantize_2d(
-    x: torch.Tensor,
-    fmt: str,
-    *,
-    axis: int,
-    block_size: int,
-    scale_rule: str,
-    rounding: str,
-    seed: torch.Tensor | None,
-    hadamard_block_size: int = 0,
-    signs: torch.Tensor | None = None,
-) -> MXTensor:
-    """``quantize_mx_op`` wrapped into an ``MXTensor``."""
-    args = (x, fmt, axis, block_size, scale_rule, rounding, seed, hadamard_block_size, signs)
+def quantize_2d(x: torch.Tensor, spec: QuantSpec, *, axis: int, seed: torch.Tensor | None) -> MXTensor:
+    """``quantize_mx_op`` of 2-D ``x`` by ``spec`` (its Hadamard transform included), as an ``MXTensor``."""
+    args = (x, spec.fmt, axis, spec.block_size, spec.scale_rule, spec.rounding, seed, spec.hadamard_block_size,
+            spec.hadamard_signs)
     data, scales = _quantize_mx_cuda(*args) if _eager_cuda(x) else quantize_mx_op(*args)
-    return MXTensor(data, scales, fmt, axis % 2, block_size, x.shape)
+    return MXTensor(data, scales, spec.fmt, axis % 2, spec.block_size, x.shape)
 
 
 # ---- quantize in square tiles (2-D weight blocks) ----------------------------------------------
@@ -148,13 +139,15 @@ def _(x, fmt, tile_size, scale_rule, rounding, seed):
     return tuple(x.new_empty(shape, dtype=torch.uint8) for shape in shapes)
 
 
-def quantize_tiles_2d(
-    x: torch.Tensor, fmt: str, *, tile_size: int, scale_rule: str, rounding: str, seed: torch.Tensor
-) -> tuple[MXTensor, MXTensor]:
-    """``quantize_tiles_op`` wrapped into two ``MXTensor`` s: blocked along dim 1 and along dim 0."""
-    row_data, row_scales, col_data, col_scales = quantize_tiles_op(x, fmt, tile_size, scale_rule, rounding, seed)
-    return (MXTensor(row_data, row_scales, fmt, 1, tile_size, x.shape),
-            MXTensor(col_data, col_scales, fmt, 0, tile_size, x.shape))
+def quantize_tiles_2d(x: torch.Tensor, spec: QuantSpec, *, seed: torch.Tensor) -> tuple[MXTensor, MXTensor]:
+    """``quantize_tiles_op`` in square ``spec.block_size`` tiles (no Hadamard: a tile serves both
+    orientations) as two ``MXTensor`` s, blocked along dim 1 and along dim 0."""
+    if spec.hadamard_block_size:
+        raise ValueError("square-tile quantization takes no Hadamard transform; pass spec.unrotated")
+    fmt, tile = spec.fmt, spec.block_size
+    row_data, row_scales, col_data, col_scales = quantize_tiles_op(x, fmt, tile, spec.scale_rule, spec.rounding, seed)
+    return (MXTensor(row_data, row_scales, fmt, 1, tile, x.shape),
+            MXTensor(col_data, col_scales, fmt, 0, tile, x.shape))
 
 
 # ---- quantize straight into the folded FP8 operand -------------------------------------------
@@ -197,17 +190,12 @@ def _(x, scale_rule, rounding, seed, hadamard_block_size, signs):
             x.new_empty(rows, dtype=torch.int32))
 
 
-def quantize_fold_2d(
-    x: torch.Tensor,
-    *,
-    scale_rule: str,
-    rounding: str,
-    seed: torch.Tensor | None,
-    hadamard_block_size: int = 0,
-    signs: torch.Tensor | None = None,
-) -> FoldedFP8:
-    """MXFP4 (blocks of 32 along rows) of row-major ``x``, already folded for the FP8 GEMM."""
-    args = (x, scale_rule, rounding, seed, hadamard_block_size, signs)
+def quantize_fold_2d(x: torch.Tensor, spec: QuantSpec, *, seed: torch.Tensor | None) -> FoldedFP8:
+    """MXFP4 (blocks of 32 along rows) of row-major ``x`` by ``spec``, already folded for the FP8 GEMM:
+    the cases of ``formats.folded.folds_directly``."""
+    if (spec.fmt, spec.block_size) != ("mxfp4", FOLD_BLOCK):  # the op's schema has neither: it is MXFP4 only
+        raise ValueError(f"only MXFP4 with blocks of {FOLD_BLOCK} folds into FP8, got {spec}")
+    args = (x, spec.scale_rule, spec.rounding, seed, spec.hadamard_block_size, spec.hadamard_signs)
     data, row_scale, lossy = _quantize_fold_cuda(*args) if _eager_cuda(x) else quantize_fold_op(*args)
     return FoldedFP8(data.view(torch.float8_e4m3fn), row_scale, lossy)
 
