@@ -1,8 +1,9 @@
 """``torch.library`` custom ops: the single dispatch point between the reference and the kernels.
 
 ``adahop::quantize_mx`` and ``adahop::mx_matmul`` run the pure-PyTorch reference on any device
-and the Triton kernels on CUDA. The wrappers below take a ``formats.QuantSpec`` and flatten it,
-here and only here, into the primitive arguments the op schemas need. The fake (meta) implementations give shapes without
+and the Triton kernels on CUDA; a GEMM runs the route ``policy.routes.gemm_route`` names. The
+wrappers below take a ``formats.QuantSpec`` and flatten it, here and only here, into the
+primitive arguments the op schemas need. The fake (meta) implementations give shapes without
 computing, so a model built from ``AdaHOPLinear`` traces under ``torch.compile`` with each op as
 one node. Triton is imported only when a CUDA kernel actually runs.
 
@@ -24,6 +25,7 @@ from .formats import MXTensor, QuantSpec, quantize_mx, quantize_mx_tiles
 from .formats.fast import dequantize_blocked_fast, quantize_mx_fast
 from .formats.folded import FOLD_BLOCK, FoldedFP8
 from .formats.mx import storage_shapes
+from .policy.routes import GemmRoute, gemm_route
 from .policy.selection import top_rows_reference
 from .transforms import hadamard_transform
 
@@ -200,15 +202,17 @@ def quantize_fold_2d(x: torch.Tensor, spec: QuantSpec, *, seed: torch.Tensor | N
     return FoldedFP8(data.view(torch.float8_e4m3fn), row_scale, lossy)
 
 
+def route_of(device: torch.device, n: int, fmt: str = "mxfp4", block_size: int = 32) -> GemmRoute:
+    """``policy.routes.gemm_route`` under this module's switch (``reference_only``): the route
+    every GEMM below runs."""
+    return gemm_route(device, n, fmt, block_size, kernels=_kernels_enabled)
+
+
 @torch.compiler.assume_constant_result  # a property of the device: torch.compile evaluates it once
 def folds_into_fp8(device: torch.device, n: int) -> bool:
-    """Whether a GEMM with ``n`` output columns on ``device`` runs on folded FP8 operands (the
-    Hopper route), so that operands it consumes right away are best quantized straight into it."""
-    if device.type != "cuda" or not _kernels_enabled:
-        return False
-    from .kernels.gemm import default_route
-
-    return default_route(device, n) == "fold_fp8"
+    """Whether an MXFP4 GEMM with ``n`` output columns on ``device`` takes the fold_fp8 route, so
+    that operands it consumes right away are best quantized straight into folded FP8."""
+    return route_of(device, n) == GemmRoute.FOLD_FP8
 
 
 # ---- outlier rows -------------------------------------------------------------------------
@@ -266,12 +270,13 @@ def mx_matmul_op(
 
 @mx_matmul_op.register_kernel("cuda")
 def _mx_matmul_cuda(a_data, a_scales, b_data, b_scales, fmt, block_size, out_dtype):
-    if not (_kernels_enabled and fmt == "mxfp4" and block_size == 32):
+    route = route_of(a_data.device, b_data.shape[0], fmt, block_size)
+    if route == GemmRoute.REFERENCE:
         return _matmul_reference(a_data, a_scales, b_data, b_scales, fmt, block_size, out_dtype)
     from .kernels.gemm import mx_matmul
 
     a, b = _mx(a_data, a_scales, fmt, block_size), _mx(b_data, b_scales, fmt, block_size)
-    return mx_matmul(a, b, out_dtype=out_dtype)
+    return mx_matmul(a, b, out_dtype=out_dtype, route=route)
 
 
 @mx_matmul_op.register_kernel("cpu")
@@ -334,13 +339,17 @@ def fold_fp8(mx: MXTensor) -> FoldedFP8:
 
 
 def folded_matmul(a: FoldedFP8 | MXTensor, b: FoldedFP8 | MXTensor, out_dtype: torch.dtype) -> torch.Tensor:
-    """``A @ B.T`` where at least one side is already folded; an MX side is folded first. On CUDA
-    cuBLAS's row-wise scaled FP8 GEMM (fast accumulation, as ``mx_matmul``'s fold route);
-    elsewhere the same products in float32."""
+    """``A @ B.T`` where at least one side is already folded; an MX side is folded first. The
+    fold_fp8 route runs cuBLAS's row-wise scaled FP8 GEMM (fast accumulation, as ``mx_matmul``'s);
+    the reference route the same products in float32. Folded operands take no other route."""
+    route = route_of(a.data.device, b.shape[0])
+    if route not in (GemmRoute.FOLD_FP8, GemmRoute.REFERENCE):
+        raise ValueError(f"folded operands need the fold_fp8 route, and {route} was chosen for "
+                         f"{b.shape[0]} output columns on {a.data.device}")
     a, b = (fold_fp8(t) if isinstance(t, MXTensor) else t for t in (a, b))
     if a.shape[1] != b.shape[1]:
         raise ValueError(f"folded operands differ in K: {tuple(a.shape)} and {tuple(b.shape)}")
-    if a.data.is_cuda and _kernels_enabled:
+    if route == GemmRoute.FOLD_FP8:
         from .kernels.gemm import fold_fp8_matmul
 
         return fold_fp8_matmul(a, b, out_dtype)
