@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from adahop import ops
+from adahop.formats import QuantSpec
 from adahop.kernels.fold import fold_to_fp8
 from adahop.kernels.quantize import quantize_mx_triton
 from adahop.nn import AdaHOPLinear
@@ -88,9 +89,7 @@ def main() -> None:
         "quantize_mx_triton rowwise RN": host_us(lambda: quantize_mx_triton(x)),
         "quantize_mx_triton rowwise H32 RN": host_us(lambda: quantize_mx_triton(x, hadamard_block_size=32)),
         "quantize_mx_triton colwise SR": host_us(lambda: quantize_mx_triton(x, axis=0, rounding="stochastic", seed=3)),
-        "ops.quantize_2d rowwise H32": host_us(lambda: ops.quantize_2d(
-            x, "mxfp4", axis=1, block_size=32, scale_rule="floor", rounding="nearest", seed=seed,
-            hadamard_block_size=32)),
+        "ops.quantize_2d rowwise H32": host_us(lambda: ops.quantize_2d(x, QuantSpec(), axis=1, seed=seed)),
         "fold_to_fp8": host_us(lambda: fold_to_fp8(q)),
         "ops.mx_matmul": host_us(lambda: ops.mx_matmul(q, q, torch.bfloat16)),
         "nn.Linear fwd+bwd": host_us(fwd_bwd(linear)),

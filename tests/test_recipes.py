@@ -1,5 +1,6 @@
 """Recipes: registry, files, validation."""
 
+import dataclasses
 import json
 
 import pytest
@@ -16,9 +17,11 @@ def test_registered_recipes():
     assert get_recipe("adahop_lv2").adaptive and not get_recipe("bf16").adaptive
 
 
-def test_get_recipe_returns_a_copy():
+def test_recipes_are_frozen_and_variants_leave_the_registry_alone():
     r = get_recipe("adahop_lv2")
-    r.oe_k = 1
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.oe_k = 1
+    assert dataclasses.replace(r, oe_k=1).oe_k == 1
     assert RECIPES["adahop_lv2"].oe_k == 64
 
 

@@ -1,9 +1,11 @@
 """``torch.library`` custom ops: the single dispatch point between the reference and the kernels.
 
 ``adahop::quantize_mx`` and ``adahop::mx_matmul`` run the pure-PyTorch reference on any device
-and the Triton kernels on CUDA. Their fake (meta) implementations give shapes without computing,
-so a model built from ``AdaHOPLinear`` traces under ``torch.compile`` with each op as one node.
-Triton is imported only when a CUDA kernel actually runs.
+and the Triton kernels on CUDA; a GEMM runs the route ``policy.routes.gemm_route`` names. The
+wrappers below take a ``formats.QuantSpec`` and flatten it, here and only here, into the
+primitive arguments the op schemas need. The fake (meta) implementations give shapes without
+computing, so a model built from ``AdaHOPLinear`` traces under ``torch.compile`` with each op as
+one node. Triton is imported only when a CUDA kernel actually runs.
 
 The stochastic-rounding seed is a 0-dim int64 tensor, not a Python int, so a compiled graph
 does not specialise on (and recompile for) every training step; round to nearest passes None,
@@ -19,10 +21,11 @@ from collections.abc import Iterator
 
 import torch
 
-from .formats import MXTensor, quantize_mx, quantize_mx_tiles
+from .formats import MXTensor, QuantSpec, quantize_mx, quantize_mx_tiles
 from .formats.fast import dequantize_blocked_fast, quantize_mx_fast
-from .formats.folded import FoldedFP8
+from .formats.folded import FOLD_BLOCK, FoldedFP8
 from .formats.mx import storage_shapes
+from .policy.routes import GemmRoute, gemm_route
 from .policy.selection import top_rows_reference
 from .transforms import hadamard_transform
 
@@ -86,7 +89,7 @@ def _quantize_mx_cuda(x, fmt, axis, block_size, scale_rule, rounding, seed, hada
 
     q = quantize_mx_triton(
         x, fmt, axis=axis, block_size=block_size, scale_rule=scale_rule, rounding=rounding,
-        seed=seed, hadamard_block_size=hadamard_block_size or None, signs=signs,
+        seed=seed, hadamard_block_size=hadamard_block_size, signs=signs,
     )
     return q.data, q.scales
 
@@ -108,22 +111,12 @@ def _(x, fmt, axis, block_size, scale_rule, rounding, seed, hadamard_block_size,
     return x.new_empty(data_shape, dtype=torch.uint8), x.new_empty(scales_shape, dtype=torch.uint8)
 
 
-def quantize_2d(
-    x: torch.Tensor,
-    fmt: str,
-    *,
-    axis: int,
-    block_size: int,
-    scale_rule: str,
-    rounding: str,
-    seed: torch.Tensor | None,
-    hadamard_block_size: int = 0,
-    signs: torch.Tensor | None = None,
-) -> MXTensor:
-    """``quantize_mx_op`` wrapped into an ``MXTensor``."""
-    args = (x, fmt, axis, block_size, scale_rule, rounding, seed, hadamard_block_size, signs)
+def quantize_2d(x: torch.Tensor, spec: QuantSpec, *, axis: int, seed: torch.Tensor | None) -> MXTensor:
+    """``quantize_mx_op`` of 2-D ``x`` by ``spec`` (its Hadamard transform included), as an ``MXTensor``."""
+    args = (x, spec.fmt, axis, spec.block_size, spec.scale_rule, spec.rounding, seed, spec.hadamard_block_size,
+            spec.hadamard_signs)
     data, scales = _quantize_mx_cuda(*args) if _eager_cuda(x) else quantize_mx_op(*args)
-    return MXTensor(data, scales, fmt, axis % 2, block_size, x.shape)
+    return MXTensor(data, scales, spec.fmt, axis % 2, spec.block_size, x.shape)
 
 
 # ---- quantize in square tiles (2-D weight blocks) ----------------------------------------------
@@ -148,13 +141,15 @@ def _(x, fmt, tile_size, scale_rule, rounding, seed):
     return tuple(x.new_empty(shape, dtype=torch.uint8) for shape in shapes)
 
 
-def quantize_tiles_2d(
-    x: torch.Tensor, fmt: str, *, tile_size: int, scale_rule: str, rounding: str, seed: torch.Tensor
-) -> tuple[MXTensor, MXTensor]:
-    """``quantize_tiles_op`` wrapped into two ``MXTensor`` s: blocked along dim 1 and along dim 0."""
-    row_data, row_scales, col_data, col_scales = quantize_tiles_op(x, fmt, tile_size, scale_rule, rounding, seed)
-    return (MXTensor(row_data, row_scales, fmt, 1, tile_size, x.shape),
-            MXTensor(col_data, col_scales, fmt, 0, tile_size, x.shape))
+def quantize_tiles_2d(x: torch.Tensor, spec: QuantSpec, *, seed: torch.Tensor) -> tuple[MXTensor, MXTensor]:
+    """``quantize_tiles_op`` in square ``spec.block_size`` tiles (no Hadamard: a tile serves both
+    orientations) as two ``MXTensor`` s, blocked along dim 1 and along dim 0."""
+    if spec.hadamard_block_size:
+        raise ValueError("square-tile quantization takes no Hadamard transform; pass spec.unrotated")
+    fmt, tile = spec.fmt, spec.block_size
+    row_data, row_scales, col_data, col_scales = quantize_tiles_op(x, fmt, tile, spec.scale_rule, spec.rounding, seed)
+    return (MXTensor(row_data, row_scales, fmt, 1, tile, x.shape),
+            MXTensor(col_data, col_scales, fmt, 0, tile, x.shape))
 
 
 # ---- quantize straight into the folded FP8 operand -------------------------------------------
@@ -197,30 +192,27 @@ def _(x, scale_rule, rounding, seed, hadamard_block_size, signs):
             x.new_empty(rows, dtype=torch.int32))
 
 
-def quantize_fold_2d(
-    x: torch.Tensor,
-    *,
-    scale_rule: str,
-    rounding: str,
-    seed: torch.Tensor | None,
-    hadamard_block_size: int = 0,
-    signs: torch.Tensor | None = None,
-) -> FoldedFP8:
-    """MXFP4 (blocks of 32 along rows) of row-major ``x``, already folded for the FP8 GEMM."""
-    args = (x, scale_rule, rounding, seed, hadamard_block_size, signs)
+def quantize_fold_2d(x: torch.Tensor, spec: QuantSpec, *, seed: torch.Tensor | None) -> FoldedFP8:
+    """MXFP4 (blocks of 32 along rows) of row-major ``x`` by ``spec``, already folded for the FP8 GEMM:
+    the cases of ``formats.folded.folds_directly``."""
+    if (spec.fmt, spec.block_size) != ("mxfp4", FOLD_BLOCK):  # the op's schema has neither: it is MXFP4 only
+        raise ValueError(f"only MXFP4 with blocks of {FOLD_BLOCK} folds into FP8, got {spec}")
+    args = (x, spec.scale_rule, spec.rounding, seed, spec.hadamard_block_size, spec.hadamard_signs)
     data, row_scale, lossy = _quantize_fold_cuda(*args) if _eager_cuda(x) else quantize_fold_op(*args)
     return FoldedFP8(data.view(torch.float8_e4m3fn), row_scale, lossy)
 
 
+def route_of(device: torch.device, n: int, fmt: str = "mxfp4", block_size: int = 32) -> GemmRoute:
+    """``policy.routes.gemm_route`` under this module's switch (``reference_only``): the route
+    every GEMM below runs."""
+    return gemm_route(device, n, fmt, block_size, kernels=_kernels_enabled)
+
+
 @torch.compiler.assume_constant_result  # a property of the device: torch.compile evaluates it once
 def folds_into_fp8(device: torch.device, n: int) -> bool:
-    """Whether a GEMM with ``n`` output columns on ``device`` runs on folded FP8 operands (the
-    Hopper route), so that operands it consumes right away are best quantized straight into it."""
-    if device.type != "cuda" or not _kernels_enabled:
-        return False
-    from .kernels.gemm import default_route
-
-    return default_route(device, n) == "fold_fp8"
+    """Whether an MXFP4 GEMM with ``n`` output columns on ``device`` takes the fold_fp8 route, so
+    that operands it consumes right away are best quantized straight into folded FP8."""
+    return route_of(device, n) == GemmRoute.FOLD_FP8
 
 
 # ---- outlier rows -------------------------------------------------------------------------
@@ -278,12 +270,13 @@ def mx_matmul_op(
 
 @mx_matmul_op.register_kernel("cuda")
 def _mx_matmul_cuda(a_data, a_scales, b_data, b_scales, fmt, block_size, out_dtype):
-    if not (_kernels_enabled and fmt == "mxfp4" and block_size == 32):
+    route = route_of(a_data.device, b_data.shape[0], fmt, block_size)
+    if route == GemmRoute.REFERENCE:
         return _matmul_reference(a_data, a_scales, b_data, b_scales, fmt, block_size, out_dtype)
     from .kernels.gemm import mx_matmul
 
     a, b = _mx(a_data, a_scales, fmt, block_size), _mx(b_data, b_scales, fmt, block_size)
-    return mx_matmul(a, b, out_dtype=out_dtype)
+    return mx_matmul(a, b, out_dtype=out_dtype, route=route)
 
 
 @mx_matmul_op.register_kernel("cpu")
@@ -346,13 +339,17 @@ def fold_fp8(mx: MXTensor) -> FoldedFP8:
 
 
 def folded_matmul(a: FoldedFP8 | MXTensor, b: FoldedFP8 | MXTensor, out_dtype: torch.dtype) -> torch.Tensor:
-    """``A @ B.T`` where at least one side is already folded; an MX side is folded first. On CUDA
-    cuBLAS's row-wise scaled FP8 GEMM (fast accumulation, as ``mx_matmul``'s fold route);
-    elsewhere the same products in float32."""
+    """``A @ B.T`` where at least one side is already folded; an MX side is folded first. The
+    fold_fp8 route runs cuBLAS's row-wise scaled FP8 GEMM (fast accumulation, as ``mx_matmul``'s);
+    the reference route the same products in float32. Folded operands take no other route."""
+    route = route_of(a.data.device, b.shape[0])
+    if route not in (GemmRoute.FOLD_FP8, GemmRoute.REFERENCE):
+        raise ValueError(f"folded operands need the fold_fp8 route, and {route} was chosen for "
+                         f"{b.shape[0]} output columns on {a.data.device}")
     a, b = (fold_fp8(t) if isinstance(t, MXTensor) else t for t in (a, b))
     if a.shape[1] != b.shape[1]:
         raise ValueError(f"folded operands differ in K: {tuple(a.shape)} and {tuple(b.shape)}")
-    if a.data.is_cuda and _kernels_enabled:
+    if route == GemmRoute.FOLD_FP8:
         from .kernels.gemm import fold_fp8_matmul
 
         return fold_fp8_matmul(a, b, out_dtype)

@@ -28,7 +28,9 @@ from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
-from .formats import ELEMENT_FORMATS, ROUNDING_MODES, SCALE_RULES
+import torch
+
+from .formats import DEFAULT_SPEC, ELEMENT_FORMATS, ROUNDING_MODES, SCALE_RULES, QuantSpec
 from .policy.strategies import DEFAULT_TABLE, GEMMS, Strategy, get_table
 from .transforms import HADAMARD_BLOCK_SIZES
 
@@ -42,21 +44,25 @@ def name_matches(name: str, patterns: tuple[str, ...]) -> bool:
     return any(fnmatch(name, p) or fnmatch(leaf, p) for p in patterns)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Recipe:
-    """Every knob of AdaHOP's numerics. ``strategy`` is "adaptive" or one Strategy for all GEMMs."""
+    """Every knob of AdaHOP's numerics. ``strategy`` is "adaptive" or one Strategy for all GEMMs.
+
+    Frozen: the layers of a model share one instance; derive variants with ``dataclasses.replace``.
+    The quantization knobs default to ``formats.DEFAULT_SPEC``'s.
+    """
 
     name: str = "adahop_lv2"
     strategy: str = ADAPTIVE
     table: str | dict[str, str] = DEFAULT_TABLE  # a table name or a user mapping {"row,none": "oe_left", ...}
-    fmt: str = "mxfp4"
-    block_size: int = 32
-    scale_rule: str = "floor"  # E8M0 scale of every MX block: floor (OCP) | ceil | even | rceil (formats.scales)
-    rounding: str = "nearest"  # X and W as the forward GEMM reads them
+    fmt: str = DEFAULT_SPEC.fmt
+    block_size: int = DEFAULT_SPEC.block_size
+    scale_rule: str = DEFAULT_SPEC.scale_rule  # E8M0 scale of every MX block: floor (OCP) | ceil | even | rceil
+    rounding: str = DEFAULT_SPEC.rounding  # X and W as the forward GEMM reads them
     backward_rounding: str = "nearest"  # the copies of X and W quantized for wgrad (Xᵀ) and dgrad (Wᵀ)
     grad_rounding: str = "stochastic"  # output gradients dY
     weight_blocks: str = "1d"  # "2d": W in block_size x block_size tiles, shared by forward and dgrad
-    hadamard_block_size: int = 32
+    hadamard_block_size: int = DEFAULT_SPEC.hadamard_block_size  # of the strategies that rotate (IHT, OE)
     hadamard_signs: bool = False  # seeded random-sign Hadamard variant
     hadamard_seed: int = 0
     oe_k: int = 64  # rows/columns moved to the BF16 path by outlier extraction
@@ -69,7 +75,7 @@ class Recipe:
     def __post_init__(self) -> None:
         for knob in ("exclude", "bf16_gemms", "bf16_layers"):
             value = getattr(self, knob)
-            setattr(self, knob, (value,) if isinstance(value, str) else tuple(value))
+            object.__setattr__(self, knob, (value,) if isinstance(value, str) else tuple(value))
         self.validate()
 
     @property
@@ -106,6 +112,12 @@ class Recipe:
             check(gemm, GEMMS, "bf16_gemms entry")
         if self.adaptive:
             get_table(self.table)  # raises with the valid choices
+
+    def quant_spec(self, rounding: str, signs: torch.Tensor | None = None) -> QuantSpec:
+        """The spec of one tensor under this recipe, rounded by ``rounding`` (the recipe has three:
+        ``rounding``, ``grad_rounding``, ``backward_rounding``); ``signs``: the random-sign vector
+        when ``hadamard_signs`` is on."""
+        return QuantSpec(self.fmt, self.block_size, self.scale_rule, rounding, self.hadamard_block_size, signs)
 
     def bf16_gemms_for(self, name: str) -> tuple[str, ...]:
         """The GEMM roles that module ``name`` keeps in BF16 whatever its plan says."""
@@ -162,4 +174,4 @@ def get_recipe(recipe: str | Recipe | dict[str, Any] | Path) -> Recipe:
         return Recipe.from_file(recipe)
     if recipe not in RECIPES:
         raise ValueError(f"unknown recipe {recipe!r}; choose one of {sorted(RECIPES)}")
-    return dataclasses.replace(RECIPES[recipe])
+    return RECIPES[recipe]  # frozen: shared, never copied

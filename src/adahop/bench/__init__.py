@@ -19,7 +19,7 @@ from .common import environment
 SECTIONS = ("gemm", "quantize", "linear", "step")
 # The headline figure of each section, as the issue names it.
 HEADLINES = {
-    "gemm": ("gemm_speedup_vs_bf16", "MXFP4 GEMM (auto route) vs cuBLAS BF16, geomean of 4 shapes"),
+    "gemm": ("gemm_speedup_vs_bf16", "MXFP4 GEMM (the route gemm_route picks) vs cuBLAS BF16, geomean of 4 shapes"),
     "quantize": ("quantize_fraction_of_copy_bw", "fused quantizer, fraction of copy bandwidth"),
     "linear": ("linear_fwd_bwd_speedup_vs_bf16", "AdaHOPLinear fwd+bwd, calibrated lv2 mix vs nn.Linear"),
     "step": ("train_step_speedup_vs_bf16", "llama3_1b 4x2048 training step, adahop_lv2 vs bf16, best mode of each (tokens/s)"),

@@ -22,13 +22,14 @@ from .. import ops
 from ..formats import MXTensor, quantize_mx
 from ..gemm import QuantSpec, prepare_operand, tn_matmul
 from ..kernels.fold import FoldConfig, fold_to_fp8
-from ..kernels.gemm import default_route, fold_fp8_matmul, mx_matmul
+from ..kernels.gemm import fold_fp8_matmul, mx_matmul
 from ..kernels.gemm_triton import _mxfp4_dot_scaled_kernel, _mxfp4_fp8_kernel
 from ..policy import Strategy
+from ..policy.routes import KERNEL_ROUTES, gemm_route
 from .common import copy_gb_per_s, geomean, ms_of, tflops
 
 LLAMA3_8B_SHAPES = ((16384, 4096, 4096), (16384, 14336, 4096), (16384, 4096, 14336), (16384, 6144, 4096))
-ROUTES = ("fold_fp8", "triton_fp8", "dot_scaled", "dequant_bf16")
+ROUTES = tuple(r.value for r in KERNEL_ROUTES)
 FOLD_CONFIGS = (
     FoldConfig(),
     FoldConfig(block_r=8, chunk=16),
@@ -153,7 +154,7 @@ def run(error_rows: int = 1024) -> dict:
     device = torch.device("cuda")
     copy_bw = copy_gb_per_s()
     shapes = [bench_shape(*shape, error_rows, copy_bw) for shape in LLAMA3_8B_SHAPES]
-    auto = default_route(device, LLAMA3_8B_SHAPES[0][1])
+    auto = gemm_route(device, LLAMA3_8B_SHAPES[0][1]).value
     report = {
         "auto_route": auto,
         "copy_gb_per_s": copy_bw,

@@ -55,7 +55,7 @@ WARMUP_ROWS = 256  # a multiple of 16: the same kernel specialization as the ful
 @dataclass
 class Result:
     orientation: str
-    hadamard_block_size: int | None
+    hadamard_block_size: int  # 0: none
     rounding: str
     tiling: dict
     ms: float
@@ -108,7 +108,7 @@ def run(rows: int = 16384, cols: int = 4096, hadamard_block_size: int = 32, swee
     if rows % WARMUP_ROWS:
         raise ValueError(f"rows must be a multiple of {WARMUP_ROWS}")
     device = torch.device("cuda")
-    settings = list(itertools.product(ORIENTATIONS, (None, hadamard_block_size), ROUNDINGS))
+    settings = list(itertools.product(ORIENTATIONS, (0, hadamard_block_size), ROUNDINGS))
     candidates = {s: TILINGS if sweep else (default_tiling(s[0], device, bool(s[1])),) for s in settings}
     compile_all(cols, [(*s, t) for s in settings for t in candidates[s]])
 
@@ -142,7 +142,7 @@ def run(rows: int = 16384, cols: int = 4096, hadamard_block_size: int = 32, swee
         # Worst round-to-nearest case (either orientation or both, with or without Hadamard).
         "quantize_fraction_of_copy_bw": min(nearest),
         # The plain case: row-wise, round to nearest, no Hadamard (forward operands under MXFP4).
-        "quantize_rowwise_fraction_of_copy_bw": results["rowwise", None, "nearest"].fraction_of_copy,
+        "quantize_rowwise_fraction_of_copy_bw": results["rowwise", 0, "nearest"].fraction_of_copy,
         "best_fraction_of_copy_bw": max(r.fraction_of_copy for r in results.values()),
         "both_time_vs_two_calls": both_vs_separate,
         "cases": [asdict(r) for r in results.values()],

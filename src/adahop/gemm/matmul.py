@@ -1,8 +1,9 @@
 """``C = L @ R.T`` for two prepared operands: MX main path plus high-precision outlier paths.
 
-The MX product goes through ``adahop::mx_matmul`` (reference on any device, the fastest faithful
-kernel route on CUDA); the outlier rows and columns are small high-precision GEMMs written
-straight into the output.
+The MX product goes through ``adahop.ops``, which runs the route ``policy.routes.gemm_route``
+names (the reference on any device, the fastest faithful kernel route on CUDA); this module only
+matches the operands' forms (folded FP8 exists only where that route is fold_fp8). The outlier
+rows and columns are small high-precision GEMMs written straight into the output.
 """
 
 from __future__ import annotations

@@ -22,27 +22,15 @@ the output keeps (those outputs are overwritten) and the full-size pass is skipp
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from .. import ops
-from ..formats import MXTensor
+from ..formats import MXTensor, QuantSpec
 from ..formats.folded import FoldedFP8, folds_directly
 from ..policy.strategies import Strategy
 from ..transforms import hadamard_transform
-
-
-@dataclass(frozen=True)
-class QuantSpec:
-    """How one operand is quantized: MX format, scale rule, rounding and inner transform."""
-
-    fmt: str | None = "mxfp4"  # None keeps the operand in high precision (transform-only ablations)
-    block_size: int = 32
-    scale_rule: str = "floor"
-    rounding: str = "nearest"
-    hadamard_block_size: int = 32
-    hadamard_signs: torch.Tensor | None = field(default=None, compare=False)
 
 
 @dataclass
@@ -83,25 +71,21 @@ def outlier_rows(t: torch.Tensor, k: int) -> torch.Tensor:
 def _rotate_and_quantize(
     t: torch.Tensor, spec: QuantSpec, rotate: bool, seed: torch.Tensor | None, fold: bool
 ) -> MXTensor | FoldedFP8 | torch.Tensor:
-    """Inner Hadamard (if ``rotate``) and MX quantization along the last dim, one fused op;
-    ``fold``: straight into the folded FP8 operand where the fused kernel serves ``t``."""
-    hb = spec.hadamard_block_size if rotate else 0
+    """Inner Hadamard (if ``rotate``: ``spec``'s, else none) and MX quantization along the last
+    dim, one fused op; ``fold``: straight into the folded FP8 operand where the fused kernel serves ``t``."""
+    if not rotate:
+        spec = spec.unrotated
+    hb = spec.hadamard_block_size
     if hb and t.shape[-1] % hb:  # zero padding of K leaves L @ R.T unchanged
         t = torch.nn.functional.pad(t, (0, -t.shape[-1] % hb))
     if spec.fmt is None:
         return hadamard_transform(t, block_size=hb, signs=spec.hadamard_signs) if hb else t
     if fold and folds_directly(t, fmt=spec.fmt, block_size=spec.block_size, hadamard_block_size=hb):
-        return ops.quantize_fold_2d(
-            t, scale_rule=spec.scale_rule, rounding=spec.rounding, seed=seed, hadamard_block_size=hb,
-            signs=spec.hadamard_signs,
-        )
+        return ops.quantize_fold_2d(t, spec, seed=seed)
     # A transposed view (Xᵀ, dYᵀ, Wᵀ) is quantized along dim 0 of its row-major source, no copy.
     transposed = not t.is_contiguous() and t.t().is_contiguous()
     source, axis = (t.t(), 0) if transposed else (t.contiguous(), 1)
-    return ops.quantize_2d(
-        source, spec.fmt, axis=axis, block_size=spec.block_size, scale_rule=spec.scale_rule,
-        rounding=spec.rounding, seed=seed, hadamard_block_size=hb, signs=spec.hadamard_signs,
-    )
+    return ops.quantize_2d(source, spec, axis=axis, seed=seed)
 
 
 def prepare_operand(
@@ -157,10 +141,7 @@ def prepare_weight_tiles(
         )
     along_in = along_out = None
     if Strategy.MXFP4 in (forward, dgrad):
-        along_in, along_out = ops.quantize_tiles_2d(
-            weight, spec.fmt, tile_size=spec.block_size, scale_rule=spec.scale_rule, rounding=spec.rounding,
-            seed=torch.zeros((), dtype=torch.int64),
-        )
+        along_in, along_out = ops.quantize_tiles_2d(weight, spec.unrotated, seed=torch.zeros((), dtype=torch.int64))
     w = GemmOperand(dense=weight) if forward is Strategy.BF16 else GemmOperand(quantized=along_in)
     wt = GemmOperand(dense=weight.t()) if dgrad is Strategy.BF16 else GemmOperand(quantized=along_out)
     return w, wt

@@ -4,16 +4,16 @@ stated tolerance against the reference in ``adahop.formats``. Importing this pac
 
 - ``quantize``: fused (Hadamard +) MX quantization, either or both orientations from one read
 - ``fold``: MXFP4 codes + E8M0 scales -> E4M3 values + a per-row scale (exact within 14 binades)
-- ``gemm``: ``mx_matmul`` routes for Hopper (``fold_fp8`` through cuBLAS, Triton FP8, dot_scaled)
+- ``gemm``: ``mx_matmul`` routes for Hopper (``fold_fp8`` through cuBLAS, Triton FP8, dot_scaled); which
+  route a GEMM takes is ``adahop.policy.routes.gemm_route``'s choice
 """
 
 from .fold import FoldedFP8, fold_to_fp8
-from .gemm import ROUTES, mx_matmul
+from .gemm import mx_matmul
 from .quantize import quantize_mx_triton, quantize_mx_triton_both
 from .quantize_tiling import QuantizeTiling
 
 __all__ = [
-    "ROUTES",
     "FoldedFP8",
     "QuantizeTiling",
     "fold_to_fp8",

@@ -1,8 +1,10 @@
-"""``mx_matmul``: ``C = A @ B.T`` for two MXFP4 operands blocked along K, by one of four routes.
+"""``mx_matmul``: ``C = A @ B.T`` for two MXFP4 operands blocked along K, by the route it is given.
 
 Every GEMM of a linear layer can be written in this TN form by quantizing the right copy of each
-operand (see :mod:`adahop.gemm.operand`). Routes, with their speed on an H200 relative to cuBLAS
-BF16 (geometric mean over the Llama-3-8B shapes, ``benchmarks/results/2026-12-03-h200.md``):
+operand (see :mod:`adahop.gemm.operand`). The routes (``policy.routes.GemmRoute``; which one a
+GEMM takes is ``policy.routes.gemm_route``'s choice, never this module's), with their speed on an
+H200 relative to cuBLAS BF16 (geometric mean over the Llama-3-8B shapes,
+``benchmarks/results/2026-12-03-h200.md``):
 
 - ``"fold_fp8"`` (1.83x, fold included; 2.08x without): fold block scales into E4M3 values and
   per-row scales (:mod:`adahop.kernels.fold`), then cuBLAS's row-wise scaled FP8 GEMM
@@ -12,32 +14,25 @@ BF16 (geometric mean over the Llama-3-8B shapes, ``benchmarks/results/2026-12-03
   every 32-wide block (:mod:`adahop.kernels.gemm_triton`). No underflow.
 - ``"dot_scaled"`` (0.16x): ``tl.dot_scaled`` e2m1 x e2m1, upcast to BF16 on Hopper.
 - ``"dequant_bf16"`` (0.39x): dequantize to BF16 (exact) and ``torch.matmul``; runs anywhere.
-
-``"auto"`` picks ``fold_fp8`` on Hopper (``dequant_bf16`` when N is not a multiple of 16, which
-cuBLAS FP8 refuses) and ``dequant_bf16`` elsewhere.
 """
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
 
 from ..formats import MXTensor
+from ..policy.routes import KERNEL_ROUTES, GemmRoute
 from .fold import FoldedFP8, check_fold_operand, fold_to_fp8
 from .gemm_triton import OUT_DTYPES, mxfp4_dot_scaled_matmul, mxfp4_fp8_matmul
-
-ROUTES = ("auto", "fold_fp8", "triton_fp8", "dot_scaled", "dequant_bf16")
-HOPPER = (9, 0)
-SCALED_MM_ALIGN = 16  # cuBLAS FP8 needs N (and K) divisible by 16
 
 
 @dataclass(frozen=True)
 class MatmulStats:
     """Precision the route lost: elements of each operand that underflowed (fold_fp8 only)."""
 
-    route: str
+    route: GemmRoute
     lossy_a: int = 0
     lossy_b: int = 0
 
@@ -59,20 +54,6 @@ def check_operands(a: MXTensor, b: MXTensor, out_dtype: torch.dtype) -> None:
         raise ValueError(f"unsupported out_dtype {out_dtype}; choose one of {tuple(OUT_DTYPES)}")
 
 
-@functools.cache
-def _is_hopper(device: torch.device) -> bool:
-    # get_device_capability costs microseconds, and every GEMM of a training step asks
-    return device.type == "cuda" and torch.cuda.get_device_capability(device) == HOPPER
-
-
-def default_route(device: torch.device, n: int) -> str:
-    """The fastest faithful route measured for ``device`` and an output of ``n`` columns."""
-    if not _is_hopper(device):
-        return "dequant_bf16"
-    # cuBLAS FP8 refuses N % 16 != 0; of the rest, the BF16 emulation measured fastest (0.39x vs 0.09x).
-    return "fold_fp8" if n % SCALED_MM_ALIGN == 0 else "dequant_bf16"
-
-
 def fold_fp8_matmul(
     a: FoldedFP8, b: FoldedFP8, out_dtype: torch.dtype = torch.bfloat16, fast_accum: bool = True
 ) -> torch.Tensor:
@@ -92,11 +73,12 @@ def mx_matmul(
     b: MXTensor,
     *,
     out_dtype: torch.dtype = torch.bfloat16,
-    route: str = "auto",
+    route: GemmRoute | str,
     fast_accum: bool = True,
     return_stats: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, MatmulStats]:
-    """``A @ B.T`` ([M, N], ``out_dtype``) for MXFP4 ``a`` [M, K] and ``b`` [N, K], blocks along K.
+    """``A @ B.T`` ([M, N], ``out_dtype``) for MXFP4 ``a`` [M, K] and ``b`` [N, K], blocks along K,
+    by the kernel ``route`` named (``policy.routes.gemm_route`` says which one a GEMM should take).
 
     ``fast_accum`` (``fold_fp8`` only) lets cuBLAS accumulate in the FP8 tensor core's reduced
     precision instead of promoting to FP32 periodically: about 10% faster, and measured faithful
@@ -105,21 +87,20 @@ def mx_matmul(
     ``return_stats=True`` also returns a :class:`MatmulStats` counting the elements the route
     could not represent exactly (this synchronizes with the GPU).
     """
-    if route not in ROUTES:
-        raise ValueError(f"unknown route {route!r}; choose one of {ROUTES}")
+    if route not in KERNEL_ROUTES:
+        raise ValueError(f"unknown kernel route {route!r}; choose one of {[str(r) for r in KERNEL_ROUTES]}")
+    route = GemmRoute(route)
     check_operands(a, b, out_dtype)
-    if route == "auto":
-        route = default_route(a.device, b.shape[0])
 
     stats = MatmulStats(route)
-    if route == "fold_fp8":
+    if route == GemmRoute.FOLD_FP8:
         fa, fb = fold_to_fp8(a), fold_to_fp8(b)
         out = fold_fp8_matmul(fa, fb, out_dtype, fast_accum)
         if return_stats:
             stats = MatmulStats(route, fa.n_lossy, fb.n_lossy)
-    elif route == "triton_fp8":
+    elif route == GemmRoute.TRITON_FP8:
         out = mxfp4_fp8_matmul(a, b, out_dtype)
-    elif route == "dot_scaled":
+    elif route == GemmRoute.DOT_SCALED:
         out = mxfp4_dot_scaled_matmul(a, b, out_dtype)
     else:
         out = (a.dequantize(torch.bfloat16) @ b.dequantize(torch.bfloat16).T).to(out_dtype)

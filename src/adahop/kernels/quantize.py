@@ -310,7 +310,7 @@ def _quantize(
     scale_rule: str,
     rounding: str,
     seed: int | torch.Tensor | None,
-    hadamard_block_size: int | None,
+    hadamard_block_size: int,
     signs: torch.Tensor | None,
     tiling: QuantizeTiling | None,
 ) -> tuple[MXTensor | None, MXTensor | None]:
@@ -320,7 +320,7 @@ def _quantize(
     M, N = x.shape
     plan = _launch_plan(
         M, N, x.dtype, x.stride(), x.is_cuda, fmt, rowwise, colwise, block_size, scale_rule, rounding,
-        hadamard_block_size or 0, None if signs is None else tuple(signs.shape), tiling,
+        hadamard_block_size, None if signs is None else tuple(signs.shape), tiling,
     )
     args = dict(
         x_ptr=x.view(torch.int16) if x.dtype == torch.bfloat16 else x,
@@ -353,7 +353,7 @@ def quantize_mx_triton(
     scale_rule: str = "floor",
     rounding: str = "nearest",
     seed: int | torch.Tensor | None = None,
-    hadamard_block_size: int | None = None,
+    hadamard_block_size: int = 0,
     signs: torch.Tensor | None = None,
     tiling: QuantizeTiling | None = None,
 ) -> MXTensor:
@@ -382,7 +382,7 @@ def quantize_mx_triton_both(
     scale_rule: str = "floor",
     rounding: str = "nearest",
     seed: int | torch.Tensor | None = None,
-    hadamard_block_size: int | None = None,
+    hadamard_block_size: int = 0,
     signs: torch.Tensor | None = None,
     tiling: QuantizeTiling | None = None,
 ) -> tuple[MXTensor, MXTensor]:

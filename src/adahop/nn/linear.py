@@ -24,7 +24,6 @@ outputs they touch, as they would in ``nn.Linear``; they are never silently zero
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +33,8 @@ from torch import nn
 
 from .. import ops
 from ..gemm.matmul import tn_matmul
-from ..gemm.operand import GemmOperand, QuantSpec, prepare_operand, prepare_weight_tiles
+from ..formats import QuantSpec
+from ..gemm.operand import GemmOperand, prepare_operand, prepare_weight_tiles
 from ..policy.calibration import PatternVotes, attach_pattern_hooks
 from ..policy.strategies import GEMMS, ROLES, LayerPlan, Strategy
 from ..recipes import Recipe, get_recipe
@@ -201,11 +201,8 @@ class AdaHOPLinear(nn.Linear):
     def _build_specs(self) -> None:
         """The (X and W, dY, saved Xᵀ and Wᵀ) quantization specs, built when the signs buffer is
         set (here and after ``.to()``) rather than on every forward."""
-        r = self.recipe
-        act = QuantSpec(r.fmt, r.block_size, r.scale_rule, r.rounding, r.hadamard_block_size, self.hadamard_signs)
-        self._specs = (
-            act, dataclasses.replace(act, rounding=r.grad_rounding), dataclasses.replace(act, rounding=r.backward_rounding)
-        )
+        r, signs = self.recipe, self.hadamard_signs
+        self._specs = tuple(r.quant_spec(rounding, signs) for rounding in (r.rounding, r.grad_rounding, r.backward_rounding))
 
     def _apply(self, fn, recurse: bool = True):
         module = super()._apply(fn, recurse)
