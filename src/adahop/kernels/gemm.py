@@ -81,8 +81,8 @@ def mx_matmul(
     by the kernel ``route`` named (``policy.routes.gemm_route`` says which one a GEMM should take).
 
     ``fast_accum`` (``fold_fp8`` only) lets cuBLAS accumulate in the FP8 tensor core's reduced
-    precision instead of promoting to FP32 periodically: about 10% faster, and measured faithful
-    on the Llama shapes; pass False where operands span many binades (TransformerEngine's
+    precision instead of promoting to FP32 periodically: faster, and faithful on the Llama shapes
+    (``adahop bench --only gemm``); pass False where operands span many binades (TransformerEngine's
     convention: fast for forward, split accumulation for the gradient GEMMs).
     ``return_stats=True`` also returns a :class:`MatmulStats` counting the elements the route
     could not represent exactly (this synchronizes with the GPU).

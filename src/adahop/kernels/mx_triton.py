@@ -17,7 +17,7 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 def cdiv(a: int, b: int) -> int:
     """Ceiling division for launch grids: ``triton.cdiv`` is a JIT function, and calling one
-    from Python costs about 15 us per call (measured), a noticeable share of a kernel launch."""
+    from Python costs a noticeable share of a kernel launch."""
     return -(-a // b)
 
 _FP32_HALF_BITS = tl.constexpr(0x3F000000)  # 0.5 in float32

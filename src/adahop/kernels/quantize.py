@@ -21,8 +21,8 @@ Cost. On sm_90 quantization is bound by the instructions it issues (the integer-
 minimum of three FMA-rounded lines (``mx_math.encode_e2m1_nearest``); stochastic rounding
 takes 16 noise bits per element, eight elements per Philox4x32-10 call, added in fixed point;
 block maxima are float maxima that keep NaN. ``benchmarks/sass_counts.py`` prints the static
-instruction counts per element; on the H200 (``benchmarks/results/``) the row-wise RN kernel
-reaches 0.78 of copy bandwidth at 16384x4096.
+instruction counts per element; ``adahop bench --only quantize`` measures each kernel against
+copy bandwidth (results in ``benchmarks/results/``).
 
 The tensor is processed in ``[block_m, block_n]`` tiles; a tile's block axis holds whole MX
 blocks and whole Hadamard blocks. Runs on CUDA, or on CPU tensors under ``TRITON_INTERPRET=1``.
@@ -102,9 +102,9 @@ def _quantize_rows_kernel(
     The same arithmetic as ``quantize_tile``, laid out so that no value crosses a lane
     (``row_blocks``): the block maximum, the codes and the four 32-bit words (one 16-byte
     store) stay in the thread. The general kernel lets Triton spread a block over lanes and
-    pays for it in shuffles and selects (sm_90 instructions per element, bf16 in: 50 -> 24
-    round-to-nearest, 63 -> 37 stochastic). Loading one coalesced tile and splitting it into
-    slices instead makes Triton move them through shuffles again (45).
+    pays for it in shuffles and selects (``benchmarks/sass_counts.py`` counts them). Loading one
+    coalesced tile and splitting it into slices instead makes Triton move them through shuffles
+    again.
     """
     NB: tl.constexpr = BLOCK_N // 32
     seed = tl.load(seed_ptr)
@@ -256,8 +256,8 @@ def _launch_plan(
     if efmt.bits == 4 and block_size == 32 and strides[1] == 1 and hb in (0, 32) and rowwise != colwise:
         kernel = _quantize_rows_kernel if rowwise else _quantize_cols_kernel  # whole blocks in a thread
         if rowwise and not hb and rounding == "nearest":
-            # Fewer instructions, yet slower on the H200: 0.64 of copy against the general
-            # kernel's 0.78 (benchmarks/results/2026-12-02-h200-pass10-quantize-ab.txt).
+            # Fewer instructions, yet slower on the H200 than the general kernel
+            # (benchmarks/results/2026-12-02-h200-pass10-quantize-ab.txt).
             kernel = None
     orientation = "both" if rowwise and colwise else "rowwise" if rowwise else "colwise"
     if tiling is None:

@@ -52,7 +52,7 @@ CUDA_TILINGS = {
 }
 # Column-wise cases the general kernel serves (other formats and block sizes): a block must not
 # span warps (Triton lays warps along a tile's rows and reduces across them through shared
-# memory, 4x slower on the H200), so the tile takes one warp.
+# memory, several times slower on the H200), so the tile takes one warp.
 GENERAL_COLWISE_TILING = QuantizeTiling(block_m=32, block_n=64, num_warps=1)
 
 
