@@ -51,7 +51,7 @@ def _k_major(x: torch.Tensor, axis: int) -> tuple[torch.Tensor, tuple[int, ...]]
     v = x.contiguous().view(p, k, q)
     if q == 1 and p > 1:  # blocked along rows: transpose once so that K runs across rows
         v = v.view(p, k).t().contiguous().unsqueeze(0)  # 2-D: torch's blocked transpose copy
-    return v.contiguous().to(torch.float32), other
+    return v.to(torch.float32), other
 
 
 def _hadamard(v: torch.Tensor, dtype: torch.dtype, block_size: int, signs: torch.Tensor | None) -> torch.Tensor:
@@ -60,7 +60,7 @@ def _hadamard(v: torch.Tensor, dtype: torch.dtype, block_size: int, signs: torch
     if signs is not None:
         v = (v.view(p, k // block_size, block_size, q) * signs.to(v).view(block_size, 1)).view(p, k, q)
     v = walsh_hadamard_rows(v, block_size)
-    v = v.mul_(torch.tensor(1 / math.sqrt(block_size), dtype=torch.float32))
+    v = v.mul_(1 / math.sqrt(block_size))  # a Python scalar multiplies a float32 tensor as float32
     return v if dtype == torch.float32 else v.to(dtype).to(torch.float32)
 
 
