@@ -64,12 +64,18 @@ def _hadamard(v: torch.Tensor, dtype: torch.dtype, block_size: int, signs: torch
     return v if dtype == torch.float32 else v.to(dtype).to(torch.float32)
 
 
+@functools.lru_cache(maxsize=32)
+def _run_counters(p: int, runs: int, q: int, device: torch.device) -> torch.Tensor:
+    """Philox counters ``[P, runs, Q]`` of the K-major layout: ``(i * Q + j) * runs + r``. A
+    training step quantizes the same few shapes over and over; callers must not write to it."""
+    rows = torch.arange(p * q, device=device).view(p, 1, q)
+    return rows * runs + torch.arange(runs, device=device).view(1, runs, 1)
+
+
 def _noise(seed: int, p: int, k: int, q: int, device: torch.device) -> torch.Tensor:
     """int32 noise ``[P, K, Q]`` for the storage-order offsets ``(i * Q + j) * K + k``."""
     if k % philox.VALUES_PER_CALL == 0:  # each call's eight offsets lie in one row of K
-        runs = k // philox.VALUES_PER_CALL
-        rows = torch.arange(p * q, device=device).view(p, 1, q)
-        counters = rows * runs + torch.arange(runs, device=device).view(1, runs, 1)
+        counters = _run_counters(p, k // philox.VALUES_PER_CALL, q, device)
         return philox.noise_runs(seed, counters, dim=2).view(p, k, q)
     calls = -(-p * q * k // philox.VALUES_PER_CALL)
     stream = philox.noise_runs(seed, torch.arange(calls, device=device)).flatten()[: p * q * k]
