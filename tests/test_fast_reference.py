@@ -17,6 +17,7 @@ from adahop.formats import (
     philox,
     quantize_mx,
 )
+from adahop.formats import fast
 from adahop.formats.fast import dequantize_blocked_fast, quantize_mx_fast
 from adahop.gemm import QuantSpec, prepare_operand
 from adahop.transforms import hadamard_transform, random_signs
@@ -129,6 +130,17 @@ def test_many_random_inputs():
         kw = {"scale_rule": SCALE_RULES[i % 4], "rounding": ROUNDING_MODES[(i // 4) % 2], "seed": i * 7919}
         assert_same(x, fmt, 1, 32, **kw, hadamard_block_size=16 * (i % 2))
         assert_same(x.t().contiguous(), fmt, 0, 16, **kw)
+
+
+def test_cached_counters_serve_every_call_of_a_shape():
+    """The second and later stochastic calls of a shape reuse its Philox counters (an LRU of
+    tensors): they must give the spec's bits for every seed, and the counters stay untouched."""
+    x = wide_range((64, 96), seed=9)
+    for axis, source in ((1, x), (0, x.t().contiguous())):
+        for seed in (1, 2, 2**63 + 5, 1):
+            assert_same(source, "mxfp4", axis, 32, "floor", "stochastic", seed, hadamard_block_size=32)
+    counters = fast._run_counters(1, 12, 64, x.device)
+    assert torch.equal(counters, torch.arange(12 * 64).view(64, 12).t().unsqueeze(0))
 
 
 def test_noise_runs_are_noise_bits():

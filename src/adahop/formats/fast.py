@@ -14,8 +14,9 @@ is the specification's, but
   by powers of two are multiplications by their exact reciprocals (the same correctly rounded
   results), round-to-nearest-even is the float32 adder's (``2**23 + steps``), and stochastic
   rounding adds the integer noise in int32;
-- E2M1 codes are formed arithmetically (``2 * e + steps``), and decoded by one table gather per
-  byte (two elements) instead of one lookup per element.
+- E2M1 codes are formed arithmetically (``2 * e + steps``, the sign bit shifted in as an
+  integer), and decoded by one table gather per byte (two elements, already multiplied by the
+  block's scale) instead of one lookup per element and a multiply.
 """
 
 from __future__ import annotations
@@ -49,8 +50,8 @@ def _k_major(x: torch.Tensor, axis: int) -> tuple[torch.Tensor, tuple[int, ...]]
     q = math.prod(x.shape[axis + 1 :])
     v = x.contiguous().view(p, k, q)
     if q == 1 and p > 1:  # blocked along rows: transpose once so that K runs across rows
-        v = v.view(p, k).t().unsqueeze(0)
-    return v.contiguous().to(torch.float32), other
+        v = v.view(p, k).t().contiguous().unsqueeze(0)  # 2-D: torch's blocked transpose copy
+    return v.to(torch.float32), other
 
 
 def _hadamard(v: torch.Tensor, dtype: torch.dtype, block_size: int, signs: torch.Tensor | None) -> torch.Tensor:
@@ -59,16 +60,22 @@ def _hadamard(v: torch.Tensor, dtype: torch.dtype, block_size: int, signs: torch
     if signs is not None:
         v = (v.view(p, k // block_size, block_size, q) * signs.to(v).view(block_size, 1)).view(p, k, q)
     v = walsh_hadamard_rows(v, block_size)
-    v = v.mul_(torch.tensor(1 / math.sqrt(block_size), dtype=torch.float32))
+    v = v.mul_(1 / math.sqrt(block_size))  # a Python scalar multiplies a float32 tensor as float32
     return v if dtype == torch.float32 else v.to(dtype).to(torch.float32)
+
+
+@functools.lru_cache(maxsize=32)
+def _run_counters(p: int, runs: int, q: int, device: torch.device) -> torch.Tensor:
+    """Philox counters ``[P, runs, Q]`` of the K-major layout: ``(i * Q + j) * runs + r``. A
+    training step quantizes the same few shapes over and over; callers must not write to it."""
+    rows = torch.arange(p * q, device=device).view(p, 1, q)
+    return rows * runs + torch.arange(runs, device=device).view(1, runs, 1)
 
 
 def _noise(seed: int, p: int, k: int, q: int, device: torch.device) -> torch.Tensor:
     """int32 noise ``[P, K, Q]`` for the storage-order offsets ``(i * Q + j) * K + k``."""
     if k % philox.VALUES_PER_CALL == 0:  # each call's eight offsets lie in one row of K
-        runs = k // philox.VALUES_PER_CALL
-        rows = torch.arange(p * q, device=device).view(p, 1, q)
-        counters = rows * runs + torch.arange(runs, device=device).view(1, runs, 1)
+        counters = _run_counters(p, k // philox.VALUES_PER_CALL, q, device)
         return philox.noise_runs(seed, counters, dim=2).view(p, k, q)
     calls = -(-p * q * k // philox.VALUES_PER_CALL)
     stream = philox.noise_runs(seed, torch.arange(calls, device=device)).flatten()[: p * q * k]
@@ -132,33 +139,38 @@ def quantize_mx_fast(
 
     if efmt.bits == 4:
         # E2M1 code 2 * (e - emin) + steps (emin = 0), saturated at 7 (= 6.0), sign in bit 3.
-        codes = steps.add_(exponent, alpha=2).sub_(2 * _F32_BIAS + offset).clamp_(max=7).to(torch.uint8)
-        sign = blocks.view(torch.int32) < 0
-        codes.bitwise_or_(sign.to(torch.uint8) << 3)
+        codes = steps.add_(exponent, alpha=2).sub_(2 * _F32_BIAS + offset).clamp_(max=7)
+        codes = codes.sub_(blocks.view(torch.int32) >> 31, alpha=8).to(torch.uint8)  # -1 >> 31 is -1: bit 3
         codes = codes.view(p, k // 2, 2, q)
         data = codes[:, :, 0].bitwise_or(codes[:, :, 1] << 4)
     else:
         quantum = _exp2_bits(exponent.sub_(efmt.mbits))
         values = torch.clamp(steps.sub_(offset).to(torch.float32).mul_(quantum), max=efmt.max_normal)
         data = encode_fp8(torch.copysign(values, blocks), efmt)
-    data = data.view(p, -1, q).transpose(1, 2).contiguous().view(*other, -1)
-    scales = codes_e8m0.view(p, nb, q).transpose(1, 2).contiguous().view(*other, nb)
-    return MXTensor(data, scales, fmt, axis, block_size, x.shape)
+    return MXTensor(_storage_order(data, p, q, other), _storage_order(codes_e8m0, p, q, other), fmt, axis, block_size, x.shape)
+
+
+def _storage_order(t: torch.Tensor, p: int, q: int, other: tuple[int, ...]) -> torch.Tensor:
+    """``[P, n, Q]`` values as contiguous ``[*other, n]`` (2-D transposes take torch's blocked copy)."""
+    t = t.view(p, -1, q)
+    t = t[0].t().contiguous() if p == 1 else t.transpose(1, 2).contiguous()
+    return t.view(*other, -1)
 
 
 @functools.cache
-def _e2m1_pair_table(device: torch.device) -> torch.Tensor:
-    """float32 value pairs (low nibble, high nibble) of every byte, as one int64 per byte."""
+def _e2m1_scaled_pair_table(device: torch.device) -> torch.Tensor:
+    """The spec's float32 value pairs (low nibble, high nibble) of every byte times every E8M0
+    scale, as one int64 at ``256 * scale_code + byte`` (512 KiB: the gather replaces the multiply)."""
     byte = torch.arange(256, dtype=torch.uint8, device=device)
     pairs = torch.stack((decode_e2m1(byte & 0xF), decode_e2m1(byte >> 4)), dim=-1)
-    return pairs.view(torch.int64).flatten()
+    return (pairs * scale_values(byte).view(256, 1, 1)).view(torch.int64).flatten()
 
 
 def dequantize_blocked_fast(mx: MXTensor) -> torch.Tensor:
-    """``mx.dequantize_blocked()``, bit for bit: one gather per byte for E2M1."""
+    """``mx.dequantize_blocked()``, bit for bit: one gather per byte (and its scale) for E2M1."""
     if mx.element_format.bits != 4:
         return mx.dequantize_blocked()
-    pairs = _e2m1_pair_table(mx.device).index_select(0, mx.data.reshape(-1).to(torch.int32))
-    values = pairs.view(torch.float32).view(*mx.data.shape[:-1], -1)
-    blocks = values.view(*mx.scales.shape, mx.block_size)
-    return blocks.mul_(scale_values(mx.scales).unsqueeze(-1)).flatten(-2)
+    rows = mx.data.unflatten(-1, (mx.scales.shape[-1], mx.block_size // 2))
+    index = rows + (mx.scales.to(torch.int32) << 8).unsqueeze(-1)
+    pairs = _e2m1_scaled_pair_table(mx.device).index_select(0, index.reshape(-1))
+    return pairs.view(torch.float32).view(*mx.data.shape[:-1], -1)

@@ -83,27 +83,36 @@ def noise_runs(seed: int, counters: torch.Tensor, dim: int = -1) -> torch.Tensor
 
     The same bits as ``noise_bits`` for a fraction of its work: one Philox call per counter rather
     than per element, and the 64-bit product of each round taken in one int64 multiply (which
-    wraps modulo 2**64, so its two words are exact) instead of four 16-bit partial products.
-    Returns int32 of ``counters``' shape with a new axis of size eight at ``dim``.
+    wraps modulo 2**64, so its two words are exact) instead of four 16-bit partial products. Op
+    count matters as much as bytes at these sizes, so the first round skips the product of the
+    zero word, and the last round writes its four words side by side to be cut into 16-bit halves
+    by a few ops over all of them. Returns int32 of ``counters``' shape with a new axis of size
+    eight at ``dim``.
     """
     seed &= (1 << 64) - 1
     k0, k1 = seed & _MASK32, (seed >> 32) & _MASK32
+    keys = [((k0 + r * PHILOX_KEY_A) & _MASK32, (k1 + r * PHILOX_KEY_B) & _MASK32) for r in range(PHILOX_ROUNDS)]
     counters = counters.to(torch.int64)
-    c0, c1 = counters & _MASK32, counters >> 32
-    c2 = c3 = torch.zeros_like(c0)
-    for _ in range(PHILOX_ROUNDS):
+    # Round 1 of (c0, c1, 0, 0): c2 * B = 0, so c0 <- c1 ^ k0 and c1 <- 0.
+    p_a = (counters & _MASK32) * PHILOX_ROUND_A
+    c0, c1 = (counters >> 32).bitwise_xor_(keys[0][0]), torch.zeros_like(counters)
+    c2, c3 = (p_a >> 32).bitwise_xor_(keys[0][1]).bitwise_and_(_MASK32), p_a
+    for key_a, key_b in keys[1:-1]:
         # c1 and c3 keep the full products: only their low words are ever read (by an xor
         # whose result is masked), so the mask is applied once, to the words that get multiplied.
         p_a, p_b = c0 * PHILOX_ROUND_A, c2 * PHILOX_ROUND_B
-        c0 = (p_b >> 32).bitwise_xor_(c1).bitwise_xor_(k0).bitwise_and_(_MASK32)
-        c2 = (p_a >> 32).bitwise_xor_(c3).bitwise_xor_(k1).bitwise_and_(_MASK32)
+        c0 = (p_b >> 32).bitwise_xor_(c1).bitwise_xor_(key_a).bitwise_and_(_MASK32)
+        c2 = (p_a >> 32).bitwise_xor_(c3).bitwise_xor_(key_b).bitwise_and_(_MASK32)
         c1, c3 = p_b, p_a
-        k0 = (k0 + PHILOX_KEY_A) & _MASK32
-        k1 = (k1 + PHILOX_KEY_B) & _MASK32
+    words = torch.empty((WORDS_PER_CALL, *counters.shape), dtype=torch.int64, device=counters.device)
+    torch.mul(c0, PHILOX_ROUND_A, out=words[3])
+    torch.mul(c2, PHILOX_ROUND_B, out=words[1])
+    # no masks: the int32 cast below keeps the low words
+    torch.bitwise_right_shift(words[1], 32, out=words[0]).bitwise_xor_(c1).bitwise_xor_(keys[-1][0])
+    torch.bitwise_right_shift(words[3], 32, out=words[2]).bitwise_xor_(c3).bitwise_xor_(keys[-1][1])
     dim = dim % (counters.dim() + 1)
-    shape = (*counters.shape[:dim], VALUES_PER_CALL, *counters.shape[dim:])
-    out = torch.empty(shape, dtype=torch.int32, device=counters.device)
-    for i, word in enumerate((c0, c1, c2, c3)):
-        torch.bitwise_and(word, 0xFFFF, out=out.select(dim, 2 * i))
-        torch.bitwise_and(word >> NOISE_BITS, 0xFFFF, out=out.select(dim, 2 * i + 1))
-    return out
+    words = words.to(torch.int32).movedim(0, dim)
+    out = torch.empty((*words.shape[: dim + 1], VALUES_PER_WORD, *words.shape[dim + 1 :]), dtype=torch.int32, device=counters.device)
+    torch.bitwise_and(words, 0xFFFF, out=out.select(dim + 1, 0))
+    torch.bitwise_right_shift(words, NOISE_BITS, out=out.select(dim + 1, 1)).bitwise_and_(0xFFFF)
+    return out.view(*counters.shape[:dim], VALUES_PER_CALL, *counters.shape[dim:])

@@ -65,8 +65,8 @@ def shared_exponent(amax: torch.Tensor, fmt: ElementFormat, rule: str) -> torch.
 def scale_codes(amax: torch.Tensor, fmt: ElementFormat, rule: str) -> torch.Tensor:
     """E8M0 codes (uint8) for block maxima; 255 (NaN) where amax is NaN or Inf."""
     finite = torch.isfinite(amax)
-    s = shared_exponent(torch.where(finite, amax, torch.zeros_like(amax)), fmt, rule)
-    return torch.where(finite, s + E8M0_BIAS, torch.full_like(s, E8M0_NAN)).to(torch.uint8)
+    s = shared_exponent(torch.where(finite, amax, 0.0), fmt, rule)
+    return torch.where(finite, s + E8M0_BIAS, E8M0_NAN).to(torch.uint8)
 
 
 def scale_values(codes: torch.Tensor) -> torch.Tensor:

@@ -118,9 +118,9 @@ def walsh_hadamard_rows(v: torch.Tensor, block_size: int) -> torch.Tensor:
     src, dst = v, torch.empty_like(v)
     h = 1
     while h < block_size:
-        s, d = src.view(p, k // (2 * h), 2, h, q), dst.view(p, k // (2 * h), 2, h, q)
-        torch.add(s[:, :, 0], s[:, :, 1], out=d[:, :, 0])
-        torch.sub(s[:, :, 0], s[:, :, 1], out=d[:, :, 1])
+        (a, b), (total, difference) = (t.view(p, k // (2 * h), 2, h, q).unbind(2) for t in (src, dst))
+        torch.add(a, b, out=total)
+        torch.sub(a, b, out=difference)
         src, dst = dst, (torch.empty_like(v) if src is v else src)
         h *= 2
     return src
