@@ -22,6 +22,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from adahop.kernels import fold
 from adahop.kernels import quantize as q
 from adahop.kernels import quantize_fold as qf
 
@@ -33,6 +34,9 @@ POINTERS = {
     "lossy_ptr": "*i32",
 }
 FOLD_POINTERS = {**POINTERS, "row_scale_ptr": "*i32"}  # float32 row scales written as their bits
+# The fold of packed MXFP4: codes and scales in, a byte-pair table, E4M3 pairs out (as int16).
+PACKED_FOLD_POINTERS = {"data_ptr": "*u8", "scales_ptr": "*u8", "lut_ptr": "*i32", "out_ptr": "*i16",
+                        "row_scale_ptr": "*i32", "lossy_ptr": "*i32"}
 
 
 def compile_sm90(kernel: triton.JITFunction, constexprs: dict, num_warps: int, pointers: dict) -> str:
@@ -71,6 +75,9 @@ def variants() -> Iterator[tuple[str, triton.JITFunction, dict, int, dict]]:
                               BLOCK_M=block_m, BLOCK_N=block_n, HADAMARD=hb)
             yield (f"_quantize_fold_rows_kernel {rounding} hadamard {hb}", qf._quantize_fold_rows_kernel,
                    constexprs, warps, FOLD_POINTERS)
+    config = fold.FoldConfig()
+    constexprs = dict(HALF_BLOCK=16, BLOCK_R=config.block_r, CHUNK=config.chunk, SCALE_CHUNK=config.scale_chunk)
+    yield "_fold_kernel", fold._fold_kernel, constexprs, config.num_warps, PACKED_FOLD_POINTERS
 
 
 def main() -> None:
