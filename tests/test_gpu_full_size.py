@@ -8,7 +8,7 @@ The inputs are not only ``randn``: outlier rows and columns, rows scaled over 80
 blocks whose every element is a power of two, bfloat16 subnormals, and NaN/Inf blocks. The
 reference itself is tied to ``tests/mx_oracle.py`` on a slice of the same input.
 
-GEMM: ``mx_matmul`` routes on the forward shape (M, N, K) = (16384, 14336, 4096) against
+GEMM: ``route_matmul`` routes on the forward shape (M, N, K) = (16384, 14336, 4096) against
 float64 products of the dequantized operands, at the error bounds each route promises.
 """
 
@@ -150,10 +150,10 @@ ROUTE_BOUNDS = [
 
 @pytest.mark.parametrize("route, fast_accum, out_dtype, bound", ROUTE_BOUNDS)
 def test_gemm_full_size_error_bound(operands, route, fast_accum, out_dtype, bound):
-    from adahop.kernels.gemm import mx_matmul
+    from adahop.kernels.gemm import route_matmul
 
     a, b, ref, magnitude = operands
-    out, stats = mx_matmul(a, b, out_dtype=out_dtype, route=route, fast_accum=fast_accum, return_stats=True)
+    out, stats = route_matmul(a, b, out_dtype=out_dtype, route=route, fast_accum=fast_accum, return_stats=True)
     assert out.shape == (M, N) and out.dtype == out_dtype
     assert (stats.lossy_a, stats.lossy_b) == (0, 0)  # 8 binades of outliers stay inside the fold
     err = rel_error(out, ref)

@@ -11,8 +11,8 @@ import torch
 
 from adahop.formats import MXTensor, quantize_mx
 from adahop.kernels.fold import EXACT_BINADES, FOLD_OFFSET, fold_to_fp8, fold_to_fp8_reference
-from adahop.kernels.gemm import MatmulStats, mx_matmul
-from adahop.kernels.mx_triton import INTERPRET
+from adahop.kernels.gemm import MatmulStats, route_matmul
+from adahop.kernels.launch import INTERPRET
 from adahop.policy.routes import KERNEL_ROUTES, gemm_route
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -141,7 +141,7 @@ def test_route_matches_float64(route, shape):
     if route == "fold_fp8" and shape[1] % 16:
         pytest.skip("cuBLAS FP8 needs N % 16 == 0 (gemm_route sends such shapes to dequant_bf16)")
     a, b = operands(*shape)
-    out, stats = mx_matmul(a, b, out_dtype=torch.float32, route=route, fast_accum=False, return_stats=True)
+    out, stats = route_matmul(a, b, out_dtype=torch.float32, route=route, fast_accum=False, return_stats=True)
     assert out.shape == shape[:2] and out.dtype == torch.float32
     # On an H200, torch's row-wise FP8 GEMM kept reduced-precision accumulation on these small
     # shapes even with fast_accum=False (4.6e-5 seen; exact on the large benchmark shapes).
@@ -153,7 +153,7 @@ def test_route_matches_float64(route, shape):
 def test_fold_route_fast_accumulation_is_faithful():
     """cuBLAS's fast FP8 accumulation drops low bits of partial sums (seen: ~5e-5 on an H200)."""
     a, b = operands(128, 64, 512)
-    out = mx_matmul(a, b, out_dtype=torch.float32, route="fold_fp8", fast_accum=True)
+    out = route_matmul(a, b, out_dtype=torch.float32, route="fold_fp8", fast_accum=True)
     assert rel_error(out, float64_reference(a, b)) <= FAITHFUL_TOL
 
 
@@ -165,7 +165,7 @@ def test_bf16_output_is_the_rounded_reference():
     a, b = operands(64, 64, 256)
     ref = float64_reference(a, b)
     for route in BF16_ROUTES:
-        out = mx_matmul(a, b, route=route)
+        out = route_matmul(a, b, route=route)
         assert out.dtype == torch.bfloat16
         # Only a few outputs may sit across a BF16 rounding boundary from the float64 value.
         assert rel_error(out, ref.to(torch.bfloat16).double()) <= FAITHFUL_TOL, route
@@ -173,14 +173,14 @@ def test_bf16_output_is_the_rounded_reference():
 
 def test_dequant_route_matches_float64():
     a, b = operands(32, 48, 96, binades=12)
-    out = mx_matmul(a, b, route="dequant_bf16", out_dtype=torch.float32)
+    out = route_matmul(a, b, route="dequant_bf16", out_dtype=torch.float32)
     # The BF16 product rounds once at the output: 2**-9 relative at most per element.
     assert rel_error(out, float64_reference(a, b)) <= 2.0**-9
 
 
 def test_fold_route_reports_underflow():
     a, b = operands(32, 32, 512, binades=24)
-    out, stats = mx_matmul(a, b, out_dtype=torch.float32, route="fold_fp8", fast_accum=False, return_stats=True)
+    out, stats = route_matmul(a, b, out_dtype=torch.float32, route="fold_fp8", fast_accum=False, return_stats=True)
     assert stats.lossy_a == fold_to_fp8_reference(a).n_lossy > 0
     assert stats.lossy_b == fold_to_fp8_reference(b).n_lossy > 0
     # The underflowed elements sit 15+ binades below their row's largest block: still faithful.
@@ -194,7 +194,7 @@ def test_the_chosen_route_runs():
     route = gemm_route(a.device, b.shape[0])
     assert route == ("fold_fp8" if torch.cuda.is_available() else "reference")
     if route in KERNEL_ROUTES:
-        _, stats = mx_matmul(a, b, route=route, return_stats=True)
+        _, stats = route_matmul(a, b, route=route, return_stats=True)
         assert stats.route == route
 
 
@@ -204,19 +204,19 @@ def test_the_chosen_route_runs():
 def test_clear_errors():
     a, b = operands(32, 32, 64)
     with pytest.raises(ValueError, match="K differs"):
-        mx_matmul(a, operands(32, 32, 96)[1], route="dequant_bf16")
+        route_matmul(a, operands(32, 32, 96)[1], route="dequant_bf16")
     with pytest.raises(ValueError, match="operand b: .*axis 1"):
-        mx_matmul(a, quantize_mx(torch.randn(64, 32, device=DEVICE), axis=0), route="dequant_bf16")
+        route_matmul(a, quantize_mx(torch.randn(64, 32, device=DEVICE), axis=0), route="dequant_bf16")
     with pytest.raises(ValueError, match="operand a: .*mxfp4"):
-        mx_matmul(quantize_mx(torch.randn(32, 64, device=DEVICE), "mxfp8_e4m3", axis=1), b, route="dequant_bf16")
+        route_matmul(quantize_mx(torch.randn(32, 64, device=DEVICE), "mxfp8_e4m3", axis=1), b, route="dequant_bf16")
     with pytest.raises(ValueError, match="block sizes"):
-        mx_matmul(a, quantize_mx(torch.randn(32, 64, device=DEVICE), axis=1, block_size=16), route="dequant_bf16")
+        route_matmul(a, quantize_mx(torch.randn(32, 64, device=DEVICE), axis=1, block_size=16), route="dequant_bf16")
     with pytest.raises(ValueError, match="choose one of .*fold_fp8"):
-        mx_matmul(a, b, route="cutlass")
+        route_matmul(a, b, route="cutlass")
     with pytest.raises(ValueError, match="out_dtype"):
-        mx_matmul(a, b, out_dtype=torch.int32, route="dequant_bf16")
+        route_matmul(a, b, out_dtype=torch.int32, route="dequant_bf16")
     with pytest.raises(TypeError, match="MXTensor"):
-        mx_matmul(a, torch.randn(32, 64), route="dequant_bf16")
+        route_matmul(a, torch.randn(32, 64), route="dequant_bf16")
     small = quantize_mx(torch.randn(32, 64, device=DEVICE), axis=1, block_size=16)
     with pytest.raises(ValueError, match="block_size=32"):
-        mx_matmul(small, small, route="triton_fp8")
+        route_matmul(small, small, route="triton_fp8")

@@ -69,7 +69,7 @@ def test_cuda_implementation_runs_the_route_it_is_given(monkeypatch):
     a, b = _operands()
     args = (a.data, a.scales, b.data, b.scales, "mxfp4", 32, torch.float32)
     ran = []
-    monkeypatch.setattr(gemm, "mx_matmul", lambda a, b, out_dtype, route: ran.append(route) or torch.zeros(()))
+    monkeypatch.setattr(gemm, "route_matmul", lambda a, b, out_dtype, route: ran.append(route) or torch.zeros(()))
     want = a.dequantize() @ b.dequantize().T
     assert torch.equal(ops._mx_matmul_cuda(*args), want)  # CPU tensors: the reference
     assert ran == []

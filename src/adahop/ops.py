@@ -273,10 +273,10 @@ def _mx_matmul_cuda(a_data, a_scales, b_data, b_scales, fmt, block_size, out_dty
     route = route_of(a_data.device, b_data.shape[0], fmt, block_size)
     if route == GemmRoute.REFERENCE:
         return _matmul_reference(a_data, a_scales, b_data, b_scales, fmt, block_size, out_dtype)
-    from .kernels.gemm import mx_matmul
+    from .kernels.gemm import route_matmul
 
     a, b = _mx(a_data, a_scales, fmt, block_size), _mx(b_data, b_scales, fmt, block_size)
-    return mx_matmul(a, b, out_dtype=out_dtype, route=route)
+    return route_matmul(a, b, out_dtype=out_dtype, route=route)
 
 
 @mx_matmul_op.register_kernel("cpu")

@@ -1,4 +1,4 @@
-"""TFLOP/s of every ``mx_matmul`` route against cuBLAS BF16 on the Llama-3-8B linear shapes.
+"""TFLOP/s of every ``route_matmul`` route against cuBLAS BF16 on the Llama-3-8B linear shapes.
 
 Each route runs from MXFP4 operands: ``fold_fp8`` is timed with its fold (end to end) and
 without (operands folded beforehand, as a fold fused into quantization would leave them).
@@ -22,7 +22,7 @@ from .. import ops
 from ..formats import MXTensor, quantize_mx
 from ..gemm import QuantSpec, prepare_operand, tn_matmul
 from ..kernels.fold import FoldConfig, fold_to_fp8
-from ..kernels.gemm import fold_fp8_matmul, mx_matmul
+from ..kernels.gemm import fold_fp8_matmul, route_matmul
 from ..kernels.gemm_triton import _mxfp4_dot_scaled_kernel, _mxfp4_fp8_kernel
 from ..policy import Strategy
 from ..policy.routes import KERNEL_ROUTES, gemm_route
@@ -53,10 +53,10 @@ def inputs(m: int, n: int, k: int, spread: bool = False) -> tuple[torch.Tensor, 
 
 
 def rel_errors(a: MXTensor, b: MXTensor, rows: torch.Tensor, **matmul_kwargs) -> dict[str, float]:
-    """Errors of ``mx_matmul`` against float64 on ``rows`` of the output: FP32 out, and BF16 out."""
+    """Errors of ``route_matmul`` against float64 on ``rows`` of the output: FP32 out, and BF16 out."""
     ref = a.dequantize()[rows].double() @ b.dequantize().double().T
-    out32 = mx_matmul(a, b, out_dtype=torch.float32, **matmul_kwargs)[rows].double()
-    out16 = mx_matmul(a, b, out_dtype=torch.bfloat16, **matmul_kwargs)[rows].double()
+    out32 = route_matmul(a, b, out_dtype=torch.float32, **matmul_kwargs)[rows].double()
+    out16 = route_matmul(a, b, out_dtype=torch.bfloat16, **matmul_kwargs)[rows].double()
     ref16 = ref.to(torch.bfloat16).double()
     return {
         "rel_error_fp32_out": ((out32 - ref).norm() / ref.norm()).item(),
@@ -96,7 +96,7 @@ def bench_shape(m: int, n: int, k: int, error_rows: int, copy_bw: float) -> dict
 
     for route in ROUTES:
         try:
-            ms = ms_of(lambda route=route: mx_matmul(a, b, route=route))
+            ms = ms_of(lambda route=route: route_matmul(a, b, route=route))
             entry = {"tflops": tflops(m, n, k, ms), "ratio_vs_bf16": bf16_ms / ms}
             entry.update(rel_errors(a, b, rows, route=route))
         except Exception as err:  # noqa: BLE001 - a route that fails on this GPU is reported, not fatal

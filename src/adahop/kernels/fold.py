@@ -25,7 +25,8 @@ from ..formats import MXTensor
 from ..formats.folded import FoldedFP8
 from ..formats.elements import E4M3, decode_e2m1, encode_fp8
 from ..formats.scales import E8M0_BIAS, E8M0_NAN
-from .mx_triton import INTERPRET, cdiv, e2m1_to_fp32
+from .launch import INTERPRET, cdiv
+from .mx_math import e2m1_to_fp32
 
 FOLD_OFFSET = 6  # c for E4M3: the largest E2M1 value 6 * 2**6 = 384 stays below 448
 EXACT_BINADES = 14  # blocks up to this far below their row's reference fold exactly

@@ -1,4 +1,4 @@
-"""``mx_matmul``: ``C = A @ B.T`` for two MXFP4 operands blocked along K, by the route it is given.
+"""``route_matmul``: ``C = A @ B.T`` for two MXFP4 operands blocked along K, by the route it is given.
 
 Every GEMM of a linear layer can be written in this TN form by quantizing the right copy of each
 operand (see :mod:`adahop.gemm.operand`). The routes (``policy.routes.GemmRoute``; which one a
@@ -43,9 +43,9 @@ def check_operands(a: MXTensor, b: MXTensor, out_dtype: torch.dtype) -> None:
         try:
             check_fold_operand(x)
         except (TypeError, ValueError) as err:
-            raise type(err)(f"mx_matmul operand {name}: {err}") from None
+            raise type(err)(f"route_matmul operand {name}: {err}") from None
     if a.shape[1] != b.shape[1]:
-        raise ValueError(f"mx_matmul computes a @ b.T: K differs, a is {tuple(a.shape)}, b is {tuple(b.shape)}")
+        raise ValueError(f"route_matmul computes a @ b.T: K differs, a is {tuple(a.shape)}, b is {tuple(b.shape)}")
     if a.block_size != b.block_size:
         raise ValueError(f"operands have different block sizes: {a.block_size} and {b.block_size}")
     if a.device != b.device:
@@ -68,7 +68,7 @@ def fold_fp8_matmul(
     )
 
 
-def mx_matmul(
+def route_matmul(
     a: MXTensor,
     b: MXTensor,
     *,

@@ -18,7 +18,8 @@ import triton
 import triton.language as tl
 
 from ..formats import MXTensor
-from .mx_triton import INTERPRET, e2m1_to_e4m3, e8m0_to_fp32, unpack_fp4
+from .launch import INTERPRET
+from .mx_math import e2m1_to_e4m3, e8m0_to_fp32, unpack_fp4
 
 MX_BLOCK = 32  # the kernels promote once per 32-element scale block
 _MX = tl.constexpr(MX_BLOCK)

@@ -42,7 +42,7 @@ from ..formats.elements import ElementFormat, encode_e2m1, encode_fp8
 from ..formats.mx import ELEMENT_FORMATS, MXTensor, check_quantize_args, storage_shapes
 from ..transforms.hadamard import check_hadamard_args
 from .mx_math import encode_e2m1_nearest, encode_elements, max_keeping_nan, philox_noise_runs, round_to_input_dtype, walsh_hadamard_butterfly
-from .mx_triton import cdiv
+from .launch import cdiv
 from .quantize_blocks import block_scales, quantize_tile, row_blocks, row_word, to_float32
 from .quantize_tiling import GENERAL_COLWISE_TILING, QuantizeTiling, default_tiling
 
