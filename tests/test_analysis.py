@@ -62,6 +62,7 @@ def test_analyze_reports_every_linear_layer_with_its_plan(runs, tmp_path):
     for rep in reports:
         assert set(rep.tensors) == {"x", "w", "g"}
         for t in rep.tensors.values():
+            # Which pattern a trained tensor has is not known here (planted patterns: below).
             assert t.pattern in ("row", "col", "none") and t.mxfp4_rel_error > 0
         if rep.name == "output":
             assert rep.strategies is None
@@ -72,6 +73,58 @@ def test_analyze_reports_every_linear_layer_with_its_plan(runs, tmp_path):
     saved = json.loads((out / "report.json").read_text())
     assert [r["name"] for r in saved] == [r.name for r in reports]
     assert "| layers.0.attention.wq |" in (out / "report.md").read_text()
+
+
+def planted(rows: int = 64, cols: int = 64, *, row: int | None = None, col: int | None = None, seed: int = 0):
+    """Gaussian noise, with one row and/or one column scaled by 8 (pattern scores near 8, noise
+    of this size scores about 1.2, the threshold is 2)."""
+    import torch
+
+    t = torch.randn(rows, cols, generator=torch.Generator().manual_seed(seed))
+    if row is not None:
+        t[row] *= 8
+    if col is not None:
+        t[:, col] *= 8
+    return t
+
+
+def test_analyze_model_reports_the_patterns_planted_in_x_w_and_dy():
+    """X, W and dY are built with a known pattern: X and dY are the inputs and the loss weights
+    (dY of ``(y * g).sum()`` is ``g``), W the layer's weight; one layer is noise throughout."""
+    import torch
+    from torch import nn
+
+    from adahop.analysis.outliers import analyze_model
+
+    planned = {  # layer: ((x, w, dY), expected patterns)
+        "rows": ((planted(row=5, seed=1), planted(row=40, seed=2), planted(row=17, seed=3)), ("row", "row", "row")),
+        "cols": ((planted(col=9, seed=4), planted(col=33, seed=5), planted(col=60, seed=6)), ("col", "col", "col")),
+        "mixed": ((planted(col=2, seed=7), planted(seed=8), planted(row=63, seed=9)), ("col", "none", "row")),
+        "noise": ((planted(seed=10), planted(seed=11), planted(seed=12)), ("none", "none", "none")),
+    }
+    model = nn.ModuleDict({name: nn.Linear(64, 64, bias=False) for name in planned})
+    with torch.no_grad():
+        for name, ((_, w, _), _) in planned.items():
+            model[name].weight.copy_(w)
+
+    def run_batch(m):
+        return sum((m[name](x) * g).sum() for name, ((x, _, g), _) in planned.items())
+
+    reports = {r.name: r for r in analyze_model(model, run_batch)}
+    assert set(reports) == set(planned)
+    for name, ((x, w, g), expected) in planned.items():
+        tensors = reports[name].tensors
+        assert tuple(tensors[role].pattern for role in ("x", "w", "g")) == expected, name
+        for role, pattern in zip(("x", "w", "g"), expected):
+            t = tensors[role]
+            planted_score, other_score = {"row": (t.row_score, t.col_score), "col": (t.col_score, t.row_score)}.get(
+                pattern, (max(t.row_score, t.col_score), None)
+            )
+            if other_score is None:
+                assert planted_score < 1.5, (name, role)  # noise of 64 lines of 63 |N(0,1)|: about 1.2
+            else:  # the scaled line over the median line: 8 up to noise; the other direction sees it as spikes
+                assert 6 < planted_score < 10 and other_score < 1.5, (name, role)
+        assert torch.equal(reports[name].tensors["g"].heatmap, g.abs())  # 64 x 64: no pooling
 
 
 def test_analyze_cli_on_a_checkpoint_file_and_bad_paths(runs, tmp_path, capsys):

@@ -5,9 +5,10 @@ import math
 
 import pytest
 import torch
+import triton
 
 from adahop import ops
-from adahop.kernels.select import top_rows_triton
+from adahop.kernels.select import KEY_BITS, _top_rows_kernel, top_rows_triton
 from adahop.policy.selection import top_rows_reference
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -58,6 +59,48 @@ def test_kernel_on_distinct_scores(dtype):
     got = top_rows_triton(s.to(DEVICE), 64).cpu()
     assert torch.equal(got, top_rows_reference(s, 64)) and 17 in got.tolist()
     assert torch.equal(top_rows_triton(s.to(DEVICE), 4999).cpu(), top_rows_reference(s, 4999))
+
+
+def full_precision_ties(n: int, seed: int) -> torch.Tensor:
+    """Ties among float32 values that use every mantissa bit (bf16-rounded ties leave the low
+    16 bits of every key zero, so the bisection's last steps never matter there), half of them
+    next to a value one ulp below (keys that differ in the lowest bit only), random signs."""
+    g = torch.Generator().manual_seed(seed)
+    values = torch.rand(4, generator=g) + 0.5
+    values = torch.cat([values, torch.nextafter(values, torch.zeros(()))])  # one ulp below each
+    s = values[torch.randint(0, len(values), (n,), generator=g)]
+    return torch.where(torch.rand(n, generator=g) < 0.5, -s, s)
+
+
+def kernel_writes(s: torch.Tensor, k: int) -> torch.Tensor:
+    """The kernel launched on an output of n + 8 slots preset to -7: what it writes past slot k
+    shows (``top_rows_triton`` gives it exactly k, where a stray write corrupts memory)."""
+    out = torch.full((s.numel() + 8,), -7, dtype=torch.int64, device=DEVICE)
+    n_pad = triton.next_power_of_2(s.numel())
+    _top_rows_kernel[(1,)](s.to(DEVICE).contiguous(), out, s.numel(), k, N_PAD=n_pad, KEY_BITS=KEY_BITS)
+    return out.cpu()
+
+
+@pytest.mark.parametrize("n, k", [(2, 1), (40, 7), (1000, 64), (1000, 500)])
+def test_ties_in_every_bit_and_negative_scores(n, k):
+    """The rule ranks |score| (the kernel drops the sign bit); ties and one-ulp neighbours
+    across the k-th place, on keys whose lowest bit is set."""
+    for seed in range(3):
+        s = full_precision_ties(n, seed)
+        ref = top_rows_reference(s, k)
+        assert ref.tolist() == oracle(s, k)
+        out = kernel_writes(s, k)
+        assert torch.equal(out[:k], ref) and (out[k:] == -7).all()
+
+
+def test_by_hand_magnitudes_ties_and_neighbours():
+    by_hand = torch.tensor([-5.0, 1.0, 3.0, -3.0, float.fromhex("0x1.000002p0"), float.fromhex("-0x1.000002p0")])
+    assert top_rows_reference(by_hand, 1).tolist() == [0] and top_rows_reference(by_hand, 2).tolist() == [0, 2]
+    # |1 + 2**-23| twice (an odd key) tied across the 4th place, 1.0 (one ulp below) left out
+    assert top_rows_reference(by_hand, 4).tolist() == [0, 2, 3, 4]
+    for k in range(1, 7):
+        out = kernel_writes(by_hand, k)
+        assert torch.equal(out[:k], top_rows_reference(by_hand, k)) and (out[k:] == -7).all()
 
 
 def test_op_routes_agree_and_errors_say_what_is_wrong():

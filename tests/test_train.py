@@ -198,20 +198,29 @@ def test_short_run_writes_the_run_directory(recipe, small_overrides, tmp_path):
 
 
 @pytest.mark.parametrize("recipe", ["mxfp4", "adahop_lv2"])
-def test_compiled_blocks_train_like_eager(recipe, small_overrides, tmp_path):
+def test_compiled_blocks_train_like_eager(recipe, small_overrides, tmp_path, monkeypatch):
     """``training.compile`` compiles every block once no layer calibrates (from step 1 for a fixed
-    recipe, after 2 calibration steps for lv2). Losses follow the eager run (stochastic rounding
-    may draw its seeds in another order once compiled) and checkpoints keep the eager names."""
+    recipe, after 2 calibration steps for lv2), trains bit for bit like eager, and checkpoints
+    keep the eager names.
+
+    The stochastic-rounding keys are fixed here: compiled, the partitioner moves each layer's
+    ``torch.randint`` draw into the backward, so layers get their keys in another order
+    (tests/test_compile.py, which checks the compiled keys give eager's numbers). That alone
+    moves these losses by up to 1.2e-3 relative over 6 steps (measured: 20 runs with
+    independently drawn keys, median of the worst step 5e-4), so a tolerance would have to be
+    loose enough to hide real bugs. With the keys fixed, ``aot_eager`` runs the same ops on
+    the same inputs (no code generation, no float reordering) and the losses are equal."""
+    fixed = lambda device="cpu", count=2: torch.arange(1, count + 1, dtype=torch.int64, device=device) * 7919  # noqa: E731
+    monkeypatch.setattr("adahop.nn.linear.draw_rounding_seeds", fixed)
     losses = {}
     for compile in (False, True):
         run = tmp_path / f"compile_{compile}"
         extra = {"training__compile": compile, "training__compile_backend": "aot_eager"}
         trainer = Trainer(load_config(None, small_overrides(run, recipe=recipe, **extra)), progress=False)
         trainer.train()
-        losses[compile] = [r["loss"] for r in read_metrics(run) if r["kind"] == "train"]
+        losses[compile] = [(r["kind"], r["loss"]) for r in read_metrics(run) if r["kind"] in ("train", "val")]
         assert all((block._compiled_call_impl is not None) == compile for block in trainer.model.layers)
-    assert losses[True][0] == pytest.approx(losses[False][0], rel=1e-6)
-    assert losses[True] == pytest.approx(losses[False], rel=1e-3)
+    assert len(losses[False]) == 6 + 2 and losses[True] == losses[False]
     model = build_model_from_config(load_config(run / "config.toml"))
     assert load_checkpoint(run, model)["step"] == 6  # strict load: same parameter names
 
