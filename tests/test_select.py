@@ -77,7 +77,7 @@ def kernel_writes(s: torch.Tensor, k: int) -> torch.Tensor:
     shows (``top_rows_triton`` gives it exactly k, where a stray write corrupts memory)."""
     out = torch.full((s.numel() + 8,), -7, dtype=torch.int64, device=DEVICE)
     n_pad = triton.next_power_of_2(s.numel())
-    _top_rows_kernel[(1,)](s.to(DEVICE).contiguous(), out, s.numel(), k, N_PAD=n_pad, KEY_BITS=KEY_BITS)
+    _top_rows_kernel[(1,)](s.to(DEVICE).contiguous(), out, s.numel(), k, N_PAD=n_pad, KEY_BITS=KEY_BITS[s.dtype])
     return out.cpu()
 
 
