@@ -34,8 +34,18 @@ LOG_EVERY = 5
 def train_windows(recipe: str, steps: int, out: Path, threads: int | None) -> dict[str, list[float]]:
     """tokens/s of every logged window of one fresh ``adahop train`` run, by phase."""
     cmd = [
-        sys.executable, "-m", "adahop.cli", "train", "--recipe", recipe, "--steps", str(steps),
-        "--out", str(out), f"--logging.log_every={LOG_EVERY}", f"--logging.val_every={10 * steps}",
+        sys.executable,
+        "-m",
+        "adahop.cli",
+        "train",
+        "--recipe",
+        recipe,
+        "--steps",
+        str(steps),
+        "--out",
+        str(out),
+        f"--logging.log_every={LOG_EVERY}",
+        f"--logging.val_every={10 * steps}",
         f"--checkpoint.interval={10 * steps}",
     ]
     env = None if threads is None else {**os.environ, "OMP_NUM_THREADS": str(threads)}
@@ -52,8 +62,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3, help="bf16 / adahop_lv2 pairs, alternated")
     parser.add_argument("--frozen-steps", type=int, default=30, help="steps timed after the freeze (and for bf16)")
-    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice); 1 is far less "
-                        "sensitive to other processes on the same cores")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="torch intra-op threads (default: torch's choice); 1 is far less "
+        "sensitive to other processes on the same cores",
+    )
     parser.add_argument("--out", type=Path, help="write the numbers as JSON here")
     args = parser.parse_args(argv)
 

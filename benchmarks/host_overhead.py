@@ -47,8 +47,9 @@ def launch_paths(x: torch.Tensor) -> dict[str, float]:
     lookup in Python every call) against its ``CompiledKernel`` launched directly."""
     from adahop.kernels import quantize as qk
 
-    plan = qk._launch_plan(*x.shape, x.dtype, x.stride(), True, "mxfp4", True, False, 32, "floor",
-                           "nearest", 0, None, None)
+    plan = qk._launch_plan(
+        *x.shape, x.dtype, x.stride(), True, "mxfp4", True, False, 32, "floor", "nearest", 0, None, None
+    )
     data = torch.empty(plan.row_shapes[0], dtype=torch.uint8, device=x.device).view(torch.int32)
     scales = torch.empty(plan.row_shapes[1], dtype=torch.uint8, device=x.device)
     args = [x.view(torch.int16), x, data, scales, *plan.sizes, 5, plan.hadamard_scale]
@@ -56,7 +57,7 @@ def launch_paths(x: torch.Tensor) -> dict[str, float]:
     compiled = launch(*args, **plan.constexprs)
     figures = {"Triton JIT launch (rows kernel)": host_us(lambda: launch(*args, **plan.constexprs))}
     try:
-        ordered = args + [plan.constexprs[name] for name in plan.kernel.arg_names[len(args):]]
+        ordered = args + [plan.constexprs[name] for name in plan.kernel.arg_names[len(args) :]]
         runner = compiled[plan.grid]
         figures["CompiledKernel launch (rows kernel)"] = host_us(lambda: runner(*ordered))
     except Exception as err:  # an internal API: report, do not fail the run
@@ -82,6 +83,7 @@ def main() -> None:
             with torch.autocast("cuda", dtype=torch.bfloat16):
                 y = module(xin)
             y.float().sum().backward()
+
         return step
 
     figures = {
@@ -111,8 +113,13 @@ def main() -> None:
     print(f"cProfile of {CALLS} AdaHOPLinear forward+backward calls, by own time:")
     print(text.getvalue())
     if args.out:
-        report = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "size": SIZE,
-                  "host_us_per_call": figures, "cprofile": text.getvalue()}
+        report = {
+            "gpu": torch.cuda.get_device_name(),
+            "torch": torch.__version__,
+            "size": SIZE,
+            "host_us_per_call": figures,
+            "cprofile": text.getvalue(),
+        }
         with open(args.out, "w") as f:
             json.dump(report, f, indent=2)
 

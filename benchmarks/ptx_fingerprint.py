@@ -29,22 +29,41 @@ from adahop.kernels import quantize_fold as qf
 SM90 = GPUTarget("cuda", 90, 32)
 # Triton types of the runtime arguments, by name (bfloat16 input is passed as int16 bits).
 POINTERS = {
-    "x_ptr": "*i16", "signs_ptr": "*fp32", "seed_ptr": "*i64", "row_scale_ptr": "*u8", "col_scale_ptr": "*u8",
-    "scale_ptr": "*u8", "row_data_ptr": "*i32", "col_data_ptr": "*i32", "data_ptr": "*i32", "out_ptr": "*u8",
+    "x_ptr": "*i16",
+    "signs_ptr": "*fp32",
+    "seed_ptr": "*i64",
+    "row_scale_ptr": "*u8",
+    "col_scale_ptr": "*u8",
+    "scale_ptr": "*u8",
+    "row_data_ptr": "*i32",
+    "col_data_ptr": "*i32",
+    "data_ptr": "*i32",
+    "out_ptr": "*u8",
     "lossy_ptr": "*i32",
 }
 FOLD_POINTERS = {**POINTERS, "row_scale_ptr": "*i32"}  # float32 row scales written as their bits
 # The fold of packed MXFP4: codes and scales in, a byte-pair table, E4M3 pairs out (as int16).
-PACKED_FOLD_POINTERS = {"data_ptr": "*u8", "scales_ptr": "*u8", "lut_ptr": "*i32", "out_ptr": "*i16",
-                        "row_scale_ptr": "*i32", "lossy_ptr": "*i32"}
+PACKED_FOLD_POINTERS = {
+    "data_ptr": "*u8",
+    "scales_ptr": "*u8",
+    "lut_ptr": "*i32",
+    "out_ptr": "*i16",
+    "row_scale_ptr": "*i32",
+    "lossy_ptr": "*i32",
+}
 
 
 def compile_sm90(kernel: triton.JITFunction, constexprs: dict, num_warps: int, pointers: dict) -> str:
     """The kernel's PTX for sm_90 with ``constexprs``, debug information left out."""
     names = kernel.arg_names
     signature = {
-        n: "constexpr" if n in constexprs else pointers[n] if n.endswith("_ptr")
-        else "fp32" if n == "hadamard_scale" else "i32"
+        n: "constexpr"
+        if n in constexprs
+        else pointers[n]
+        if n.endswith("_ptr")
+        else "fp32"
+        if n == "hadamard_scale"
+        else "i32"
         for n in names
     }
     source = ASTSource(kernel, signature, constexprs={(names.index(n),): v for n, v in constexprs.items()})
@@ -60,21 +79,48 @@ def variants() -> Iterator[tuple[str, triton.JITFunction, dict, int, dict]]:
     for rowwise, colwise in ((True, False), (False, True), (True, True)):
         for rounding in ("nearest", "stochastic"):
             for hb in (0, 32):
-                plan = q._launch_plan(*shape, torch.bfloat16, (shape[1], 1), True, "mxfp4", rowwise, colwise, 32,
-                                      "floor", rounding, hb, None, None)
+                plan = q._launch_plan(
+                    *shape,
+                    torch.bfloat16,
+                    (shape[1], 1),
+                    True,
+                    "mxfp4",
+                    rowwise,
+                    colwise,
+                    32,
+                    "floor",
+                    rounding,
+                    hb,
+                    None,
+                    None,
+                )
                 constexprs = {k: v for k, v in plan.constexprs.items() if k != "num_warps"}
                 if plan.kernel is q._quantize_mx_kernel:
                     constexprs["stride_n"] = 1  # the JIT specializes a unit stride
                 orientation = "both" if rowwise and colwise else "rowwise" if rowwise else "colwise"
-                yield (f"{plan.kernel.__name__} {orientation} {rounding} hadamard {hb}", plan.kernel, constexprs,
-                       plan.constexprs["num_warps"], POINTERS)
+                yield (
+                    f"{plan.kernel.__name__} {orientation} {rounding} hadamard {hb}",
+                    plan.kernel,
+                    constexprs,
+                    plan.constexprs["num_warps"],
+                    POINTERS,
+                )
     for rounding in ("nearest", "stochastic"):
         for hb in (0, 32):
             block_m, block_n, warps = qf._tile(2048, True)
-            constexprs = dict(q.common_constexprs(torch.bfloat16, True, "mxfp4", "floor", rounding, False),
-                              BLOCK_M=block_m, BLOCK_N=block_n, HADAMARD=hb)
-            yield (f"_quantize_fold_rows_kernel {rounding} hadamard {hb}", qf._quantize_fold_rows_kernel,
-                   constexprs, warps, FOLD_POINTERS)
+            constexprs = dict(
+                q.common_constexprs(torch.bfloat16, True, "mxfp4", "floor", rounding, False),
+                BLOCK_M=block_m,
+                BLOCK_N=block_n,
+                HADAMARD=hb,
+            )
+            yield (
+                f"_quantize_fold_rows_kernel {rounding} hadamard {hb}",
+                qf._quantize_fold_rows_kernel,
+                constexprs,
+                warps,
+                FOLD_POINTERS,
+            )
     config = fold.FoldConfig()
     constexprs = dict(HALF_BLOCK=16, BLOCK_R=config.block_r, CHUNK=config.chunk, SCALE_CHUNK=config.scale_chunk)
     yield "_fold_kernel", fold._fold_kernel, constexprs, config.num_warps, PACKED_FOLD_POINTERS

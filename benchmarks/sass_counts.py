@@ -25,8 +25,14 @@ from adahop.kernels import quantize as q
 from adahop.kernels.quantize_tiling import CUDA_TILINGS
 
 MXFP4 = ELEMENT_FORMATS["mxfp4"]
-FORMAT = dict(RULE="floor", EMAX=MXFP4.emax, EMIN=MXFP4.emin, MBITS=MXFP4.mbits,
-              MAX_NORMAL=MXFP4.max_normal, MAX_CODE=q._max_code(MXFP4))
+FORMAT = dict(
+    RULE="floor",
+    EMAX=MXFP4.emax,
+    EMIN=MXFP4.emin,
+    MBITS=MXFP4.mbits,
+    MAX_NORMAL=MXFP4.max_normal,
+    MAX_CODE=q._max_code(MXFP4),
+)
 BF16_IN = dict(INPUT_BF16=True, ROUND_TO="bf16", NATIVE_CASTS=True, HAS_SIGNS=False)
 _INSTRUCTION = re.compile(r"^[0-9a-f-]{2}:\S+\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)")
 
@@ -54,19 +60,56 @@ def per_element(compiled, elements_per_program: int) -> tuple[float, Counter]:
 
 def cases():
     """(name, compiled kernel, elements per program) for the kernels ``quantize_mx_triton`` picks."""
-    general = {"x_ptr": "*i16", "signs_ptr": "*fp32", "row_data_ptr": "*i32", "row_scale_ptr": "*u8",
-               "col_data_ptr": "*i32", "col_scale_ptr": "*u8", "M": "i32", "N": "i32", "stride_m": "i32",
-               "m_padded": "i32", "n_padded": "i32", "seed_ptr": "*i64", "hadamard_scale": "fp32"}
+    general = {
+        "x_ptr": "*i16",
+        "signs_ptr": "*fp32",
+        "row_data_ptr": "*i32",
+        "row_scale_ptr": "*u8",
+        "col_data_ptr": "*i32",
+        "col_scale_ptr": "*u8",
+        "M": "i32",
+        "N": "i32",
+        "stride_m": "i32",
+        "m_padded": "i32",
+        "n_padded": "i32",
+        "seed_ptr": "*i64",
+        "hadamard_scale": "fp32",
+    }
     for orientation in ("both",):
         for stochastic in (False, True):
             t = CUDA_TILINGS[orientation, False]
-            consts = dict(stride_n=1, ROWWISE=True, COLWISE=orientation == "both", BLOCK_M=t.block_m,
-                          BLOCK_N=t.block_n, HADAMARD=0, HADAMARD_STAGES=0, BLOCK_SIZE=32,
-                          STOCHASTIC=stochastic, ELEMENT_BITS=4, CODES_PER_UNIT=8, **BF16_IN, **FORMAT)
-            yield (f"{orientation} {'SR' if stochastic else 'RN'} (general kernel)",
-                   compile_sm90(q._quantize_mx_kernel, general, consts, t.num_warps), t.block_m * t.block_n)
-    rows = {"x_ptr": "*i16", "signs_ptr": "*fp32", "data_ptr": "*i32", "scale_ptr": "*u8", "M": "i32",
-            "N": "i32", "stride_m": "i32", "n_padded": "i32", "seed_ptr": "*i64", "hadamard_scale": "fp32"}
+            consts = dict(
+                stride_n=1,
+                ROWWISE=True,
+                COLWISE=orientation == "both",
+                BLOCK_M=t.block_m,
+                BLOCK_N=t.block_n,
+                HADAMARD=0,
+                HADAMARD_STAGES=0,
+                BLOCK_SIZE=32,
+                STOCHASTIC=stochastic,
+                ELEMENT_BITS=4,
+                CODES_PER_UNIT=8,
+                **BF16_IN,
+                **FORMAT,
+            )
+            yield (
+                f"{orientation} {'SR' if stochastic else 'RN'} (general kernel)",
+                compile_sm90(q._quantize_mx_kernel, general, consts, t.num_warps),
+                t.block_m * t.block_n,
+            )
+    rows = {
+        "x_ptr": "*i16",
+        "signs_ptr": "*fp32",
+        "data_ptr": "*i32",
+        "scale_ptr": "*u8",
+        "M": "i32",
+        "N": "i32",
+        "stride_m": "i32",
+        "n_padded": "i32",
+        "seed_ptr": "*i64",
+        "hadamard_scale": "fp32",
+    }
     cols = {**rows, "m_padded": "i32"}
     del cols["n_padded"]
     for stochastic in (False, True):
@@ -74,13 +117,19 @@ def cases():
         for hb in (0, 32):
             t = CUDA_TILINGS["rowwise", bool(hb)]
             consts = dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, HADAMARD=hb, STOCHASTIC=stochastic, **BF16_IN, **FORMAT)
-            yield (f"rowwise{' H32' if hb else ''} {tag}",
-                   compile_sm90(q._quantize_rows_kernel, rows, consts, t.num_warps), t.block_m * t.block_n)
+            yield (
+                f"rowwise{' H32' if hb else ''} {tag}",
+                compile_sm90(q._quantize_rows_kernel, rows, consts, t.num_warps),
+                t.block_m * t.block_n,
+            )
         for hb in (0, 32):
             t = CUDA_TILINGS["colwise", bool(hb)]
             consts = dict(BLOCK_N=t.block_n, HADAMARD=hb, STOCHASTIC=stochastic, **BF16_IN, **FORMAT)
-            yield (f"colwise{' H32' if hb else ''} {tag}",
-                   compile_sm90(q._quantize_cols_kernel, cols, consts, t.num_warps), 32 * t.block_n)
+            yield (
+                f"colwise{' H32' if hb else ''} {tag}",
+                compile_sm90(q._quantize_cols_kernel, cols, consts, t.num_warps),
+                32 * t.block_n,
+            )
 
 
 def main() -> None:

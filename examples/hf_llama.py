@@ -33,8 +33,13 @@ def main() -> None:
 
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
     )
     recipe = {"name": args.recipe, "calibration_steps": args.calibration_steps}
     model = adahop.convert_model(LlamaForCausalLM(config), recipe)  # lm_head stays nn.Linear

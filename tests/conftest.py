@@ -47,10 +47,20 @@ def small_overrides(corpus, tmp_path_factory):
     def make(out: Path, **extra) -> list[tuple[str, str]]:
         pairs = {f"model.overrides.{k}": v for k, v in SMALL_MODEL.items()}
         pairs |= {
-            "data.source": corpus, "data.seq_len": 32, "data.batch_size": 4, "data.vocab_size": 512,
-            "data.val_fraction": 0.1, "training.steps": 6, "training.device": "cpu",
-            "optim.warmup_steps": 2, "recipe.calibration_steps": 2, "checkpoint.interval": 2,
-            "logging.log_every": 1, "logging.val_every": 3, "logging.val_batches": 2, "out": out,
+            "data.source": corpus,
+            "data.seq_len": 32,
+            "data.batch_size": 4,
+            "data.vocab_size": 512,
+            "data.val_fraction": 0.1,
+            "training.steps": 6,
+            "training.device": "cpu",
+            "optim.warmup_steps": 2,
+            "recipe.calibration_steps": 2,
+            "checkpoint.interval": 2,
+            "logging.log_every": 1,
+            "logging.val_every": 3,
+            "logging.val_batches": 2,
+            "out": out,
         }
         pairs |= {k.replace("__", "."): v for k, v in extra.items()}
         return [(k, str(v)) for k, v in pairs.items()]

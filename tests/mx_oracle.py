@@ -91,8 +91,9 @@ def to_storage(x: np.ndarray, axis: int, block: int) -> np.ndarray:
     return v.reshape(*v.shape[:-1], -1, block)
 
 
-def quantize(x, fmt: str, rule: str, rounding: str = "nearest", seed: int | None = None,
-             axis: int = -1, block: int = 32) -> tuple[np.ndarray, np.ndarray]:
+def quantize(
+    x, fmt: str, rule: str, rounding: str = "nearest", seed: int | None = None, axis: int = -1, block: int = 32
+) -> tuple[np.ndarray, np.ndarray]:
     """(packed element bytes, E8M0 codes) as uint8, in ``MXTensor``'s storage layout.
 
     ``x`` is a float32/bfloat16/float16 torch tensor or numpy array (its values are exact in
@@ -123,8 +124,9 @@ def quantize(x, fmt: str, rule: str, rounding: str = "nearest", seed: int | None
     return codes, scales
 
 
-def adversarial_blocks(fmt: str, rule: str, rows: int, length: int, seed: int | None,
-                       rng_seed: int = 0, block: int = 32) -> np.ndarray:
+def adversarial_blocks(
+    fmt: str, rule: str, rows: int, length: int, seed: int | None, rng_seed: int = 0, block: int = 32
+) -> np.ndarray:
     """float32 ``[rows, length]`` (blocks along the last axis; ``length % block == 0``).
 
     Per block: element 0 is the block maximum, a power of two in 40% of blocks, at or one float32
@@ -144,8 +146,9 @@ def adversarial_blocks(fmt: str, rule: str, rows: int, length: int, seed: int | 
     kind = rng.random(n_blocks)
     mant = np.where(kind < 0.4, 1.0, 1.0 + rng.integers(0, 2**23, n_blocks) * 2.0**-23)
     edge = (kind >= 0.4) & (kind < 0.6)
-    edges = np.array([2.0 - 2.0**-23, 2.0 - 2.0 ** -(mbits + 1), 2.0 - 2.0 ** -(mbits + 1) - 2.0**-23,
-                      1.0 + 2.0**-23, 1.5])
+    edges = np.array(
+        [2.0 - 2.0**-23, 2.0 - 2.0 ** -(mbits + 1), 2.0 - 2.0 ** -(mbits + 1) - 2.0**-23, 1.0 + 2.0**-23, 1.5]
+    )
     mant = np.where(edge, edges[rng.integers(0, len(edges), n_blocks)], mant)
     amax = (mant * np.exp2(exp)).astype(np.float32).astype(np.float64)
     s = shared_exponents(amax, fmt, rule).astype(np.float64)
@@ -170,15 +173,18 @@ def adversarial_blocks(fmt: str, rule: str, rows: int, length: int, seed: int | 
     j = np.where(normal, 2**mbits, 0) + np.floor(rng.random(shape) * np.where(normal, 2**mbits, 2**mbits))
     tie = ((j + 0.5) * quantum).astype(np.float32)
     ulp = rng.integers(-1, 2, shape)
-    tie = np.where(ulp < 0, np.nextafter(tie, np.float32(0)), np.where(ulp > 0, np.nextafter(tie, np.float32(np.inf)), tie))
+    tie = np.where(
+        ulp < 0, np.nextafter(tie, np.float32(0)), np.where(ulp > 0, np.nextafter(tie, np.float32(np.inf)), tie)
+    )
 
     uniform = (rng.random(shape) * ya[:, None]).astype(np.float32)
     past = np.maximum(max_normal, ya[:, None] * (1 - rng.random(shape) * (1 - max_normal / ya[:, None]).clip(0)))
     past = np.minimum(past, ya[:, None]).astype(np.float32)
 
     pick = rng.random(shape)
-    y = np.where(pick < 0.4, sr, np.where(pick < 0.55, tie, np.where(pick < 0.8, uniform,
-                 np.where(pick < 0.9, past, 0.0))))
+    y = np.where(
+        pick < 0.4, sr, np.where(pick < 0.55, tie, np.where(pick < 0.8, uniform, np.where(pick < 0.9, past, 0.0)))
+    )
     y[:, 0] = ya
     sign = np.where(rng.random(shape) < 0.5, -1.0, 1.0)
     v = (sign * y * np.exp2(s)[:, None]).astype(np.float32)

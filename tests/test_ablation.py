@@ -28,8 +28,9 @@ def test_a_kept_gemm_matches_nn_linear_while_the_others_stay_quantized(kept):
     ref = nn.Linear(64, 32, bias=False)
     layer = AdaHOPLinear.from_linear(nn.Linear(64, 32, bias=False), get_recipe("mxfp4"))
     layer.weight.data.copy_(ref.weight.data)
-    ablated = AdaHOPLinear.from_linear(nn.Linear(64, 32, bias=False), Recipe.from_dict(
-        {"name": "mxfp4", "bf16_gemms": [kept]}))
+    ablated = AdaHOPLinear.from_linear(
+        nn.Linear(64, 32, bias=False), Recipe.from_dict({"name": "mxfp4", "bf16_gemms": [kept]})
+    )
     ablated.weight.data.copy_(ref.weight.data)
     x, g = torch.randn(48, 64), torch.randn(48, 32)
     exact = _grads(ref, x, g)
@@ -45,8 +46,9 @@ def test_a_kept_gemm_matches_nn_linear_while_the_others_stay_quantized(kept):
 
 
 def test_overrides_apply_after_the_adaptive_plan_freezes_and_are_saved_in_the_plan():
-    recipe = Recipe.from_dict({"name": "adahop_lv1", "calibration_steps": 1, "bf16_gemms": ["wgrad"],
-                               "bf16_layers": ["layers.0.*"]})
+    recipe = Recipe.from_dict(
+        {"name": "adahop_lv1", "calibration_steps": 1, "bf16_gemms": ["wgrad"], "bf16_layers": ["layers.0.*"]}
+    )
     model = convert_model(build_model("tiny", vocab_size=64, **SMALL_MODEL), recipe)
     tokens = torch.randint(0, 64, (2, 16))
     for _ in range(2):

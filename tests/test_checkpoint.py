@@ -34,8 +34,11 @@ def exact_run_overrides(small_overrides, out, **extra):
     """8 steps of adahop_lv2, 2 micro-batches each; layers freeze during step 2 (3 forwards of
     calibration) and then round dY stochastically."""
     run = {
-        "recipe": "adahop_lv2", "training__steps": STEPS, "training__grad_accum": 2,
-        "recipe__calibration_steps": CALIBRATION_STEPS, "logging__val_every": 4,
+        "recipe": "adahop_lv2",
+        "training__steps": STEPS,
+        "training__grad_accum": 2,
+        "recipe__calibration_steps": CALIBRATION_STEPS,
+        "logging__val_every": 4,
     }
     return small_overrides(out, **(run | extra))
 
@@ -81,7 +84,9 @@ def test_resume_is_bit_exact(stop_after, straight_run, small_overrides, tmp_path
         resumed.train()
     # A plan that came with the checkpoint is reported as restored, one that froze after the resume as frozen.
     how = "restored from the checkpoint" if stop_after >= 2 else "frozen"
-    assert [r.getMessage().split(" (")[0] for r in caplog.records if "strategy plan" in r.getMessage()] == [f"strategy plan {how}"]
+    assert [r.getMessage().split(" (")[0] for r in caplog.records if "strategy plan" in r.getMessage()] == [
+        f"strategy plan {how}"
+    ]
 
     def losses(run):
         return [(r["kind"], r["step"], r["loss"]) for r in read_metrics(run)]
@@ -155,7 +160,10 @@ def test_foreign_file_is_not_a_checkpoint(straight_run, tmp_path):
     "change, expected",
     [
         ({"recipe": "bf16"}, r"different recipe \(name: checkpoint 'adahop_lv2' vs config 'bf16'"),
-        ({"model__overrides__n_layers": 3}, r"different model \(overrides: checkpoint .*'n_layers': 2.* vs config .*'n_layers': 3"),
+        (
+            {"model__overrides__n_layers": 3},
+            r"different model \(overrides: checkpoint .*'n_layers': 2.* vs config .*'n_layers': 3",
+        ),
     ],
 )
 def test_resuming_with_another_model_or_recipe_is_refused(change, expected, straight_run, small_overrides, tmp_path):

@@ -83,8 +83,12 @@ def test_bench_summary_renders_every_section_of_the_combined_h200_run():
     report = json.loads((Path(__file__).parent.parent / "benchmarks" / "results" / "2026-12-02-h200.json").read_text())
     del report["step"]  # measured by an older step bench (one mode per recipe); see test_step_bench_*
     text = summary_markdown(report)
-    for key in ("gemm_speedup_vs_bf16", "quantize_fraction_of_copy_bw", "linear_fwd_bwd_speedup_vs_bf16",
-                "saved_activation_compression"):
+    for key in (
+        "gemm_speedup_vs_bf16",
+        "quantize_fraction_of_copy_bw",
+        "linear_fwd_bwd_speedup_vs_bf16",
+        "saved_activation_compression",
+    ):
         assert f"(`{key}`) | {report[key]:.3f} |" in text
     assert "| rowwise | 32 | nearest |" in text  # quantizer cases
 
@@ -104,18 +108,34 @@ def test_bench_summary_renders_the_oe_split_table():
 
 def _step_run(recipe: str, mode: str, tokens_per_s: float, reserved: float) -> dict:
     profile = {"cuda_ms": 100.0, "families_ms": {"GEMM": 60.0, "other": 40.0}}
-    return {"recipe": recipe, "mode": mode, "tokens_per_s": tokens_per_s, "step_ms": 8192e3 / tokens_per_s,
-            "peak_allocated_gib": reserved - 1, "peak_reserved_gib": reserved, "profile": profile}
+    return {
+        "recipe": recipe,
+        "mode": mode,
+        "tokens_per_s": tokens_per_s,
+        "step_ms": 8192e3 / tokens_per_s,
+        "peak_allocated_gib": reserved - 1,
+        "peak_reserved_gib": reserved,
+        "profile": profile,
+    }
 
 
 def test_step_bench_compares_each_recipe_with_bf16_in_its_fastest_mode():
     from adahop.bench.step import best_runs, markdown
 
-    runs = {f"{r}/{m}": _step_run(r, m, t, g) for r, m, t, g in (
-        ("bf16", "eager", 50e3, 40), ("bf16", "compile", 60e3, 38),
-        ("adahop_lv2", "eager", 40e3, 30), ("adahop_lv2", "compile+graph", 72e3, 31))}
-    runs["float8_tensorwise/compile"] = {"error": "torchao is not installed", "recipe": "float8_tensorwise",
-                                          "mode": "compile"}
+    runs = {
+        f"{r}/{m}": _step_run(r, m, t, g)
+        for r, m, t, g in (
+            ("bf16", "eager", 50e3, 40),
+            ("bf16", "compile", 60e3, 38),
+            ("adahop_lv2", "eager", 40e3, 30),
+            ("adahop_lv2", "compile+graph", 72e3, 31),
+        )
+    }
+    runs["float8_tensorwise/compile"] = {
+        "error": "torchao is not installed",
+        "recipe": "float8_tensorwise",
+        "mode": "compile",
+    }
     best = best_runs(runs)
     assert {k: v["mode"] for k, v in best.items()} == {"bf16": "compile", "adahop_lv2": "compile+graph"}
     case = {"preset": "llama3_1b", "batch": 4, "seq_len": 2048, "runs": runs}
@@ -133,7 +153,9 @@ def test_step_bench_selects_cases_and_runs_by_name():
     assert select_cases([]) == CASES
     (case,) = select_cases(["llama3_3b_4x2048"], ["adahop_lv2/compile+graph", "bf16/graph"])
     assert case.preset == "llama3_3b" and case.runs == (("adahop_lv2", "compile+graph"), ("bf16", "graph"))
-    one, three = select_cases(["llama3_1b_4x2048", "llama3_3b_4x2048"], ["bf16/compile", "llama3_3b_4x2048:adahop_lv2/eager"])
+    one, three = select_cases(
+        ["llama3_1b_4x2048", "llama3_3b_4x2048"], ["bf16/compile", "llama3_3b_4x2048:adahop_lv2/eager"]
+    )
     assert one.runs == (("bf16", "compile"),) and three.runs == (("bf16", "compile"), ("adahop_lv2", "eager"))
     with pytest.raises(ValueError, match="unknown step run 'bf16/turbo'"):
         select_cases(["llama3_1b_4x2048"], ["bf16/turbo"])

@@ -30,9 +30,11 @@ MXFP4 = [2.80, 2.811, 2.819]  # gaps +0.100, +0.101, +0.099: beyond it
 
 @pytest.fixture
 def seed_runs(tmp_path):
-    return [fake_run(tmp_path, name, seed, loss)
-            for name, losses in (("bf16", BF16), ("adahop_lv2", LV2), ("mxfp4", MXFP4))
-            for seed, loss in enumerate(losses)]
+    return [
+        fake_run(tmp_path, name, seed, loss)
+        for name, losses in (("bf16", BF16), ("adahop_lv2", LV2), ("mxfp4", MXFP4))
+        for seed, loss in enumerate(losses)
+    ]
 
 
 def test_groups_seeds_by_recipe_with_spread_and_paired_gap(seed_runs, tmp_path, capsys):
@@ -65,8 +67,9 @@ def test_unmatched_seeds_use_the_welch_error_and_one_seed_has_no_error_bar(tmp_p
     rows = {r["recipe"]: r for r in compare.recipe_rows(runs)}
     mx = rows["mxfp4"]
     assert mx["pairing"] == "unpaired" and mx["val_gap_to_bf16"] == pytest.approx(0.11)
-    assert mx["gap_stderr"] == pytest.approx(math.sqrt(statistics.variance([2.70, 2.72]) / 2
-                                                       + statistics.variance([2.80, 2.84]) / 2))
+    assert mx["gap_stderr"] == pytest.approx(
+        math.sqrt(statistics.variance([2.70, 2.72]) / 2 + statistics.variance([2.80, 2.84]) / 2)
+    )
     lv1 = rows["adahop_lv1"]
     assert lv1["val_gap_to_bf16"] == pytest.approx(0.01) and lv1["verdict"] == "no error bar (n < 2)"
     assert lv1["final_val_loss_std"] is None and lv1["gap_stderr"] is None

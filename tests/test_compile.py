@@ -101,7 +101,9 @@ def test_fake_kernels_give_shapes_on_meta():
         torch.empty(8, 3, dtype=torch.uint8, device="meta"),
         torch.empty(5, 48, dtype=torch.uint8, device="meta"),
         torch.empty(5, 3, dtype=torch.uint8, device="meta"),
-        "mxfp4", 32, torch.bfloat16,
+        "mxfp4",
+        32,
+        torch.bfloat16,
     )
     assert out.shape == (8, 5) and out.dtype == torch.bfloat16
 

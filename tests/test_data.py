@@ -108,9 +108,7 @@ def test_tokenizer_round_trip(data):
 def test_tokenizer_is_cached(subset, tmp_path, monkeypatch):
     calls = []
     train = tokenizer_mod.train_tokenizer
-    monkeypatch.setattr(
-        tokenizer_mod, "train_tokenizer", lambda *a, **k: calls.append(1) or train(*a, **k)
-    )
+    monkeypatch.setattr(tokenizer_mod, "train_tokenizer", lambda *a, **k: calls.append(1) or train(*a, **k))
     monkeypatch.setenv("ADAHOP_CACHE", str(tmp_path))  # the default cache location
     first = load_tokenizer(subset, vocab_size=300)
     second = load_tokenizer(subset, vocab_size=300)
@@ -294,9 +292,7 @@ def test_txt_jsonl_parquet_sources(tmp_path):
 
 
 def test_prepare_data_on_a_local_file(tmp_path):
-    texts = [
-        f"document number {i}: " + "lorem ipsum dolor sit amet " * (i % 7 + 1) for i in range(60)
-    ]
+    texts = [f"document number {i}: " + "lorem ipsum dolor sit amet " * (i % 7 + 1) for i in range(60)]
     path = write_jsonl(tmp_path / "docs.jsonl", texts)
     data = prepare_data(str(path), vocab_size=300, val_fraction=0.1, cache=tmp_path, progress=False)
     assert data.source == str(path)
@@ -347,9 +343,7 @@ def test_bad_data_values_give_clear_errors(tmp_path):
     cases = {
         str(tmp_path / "missing.txt"): "no such file or directory; --data takes",
         str(tmp_path / "*.nothing"): "the glob matches no files",
-        str(
-            tmp_path / "data.csv"
-        ): r"unsupported file type.*supported suffixes: \.txt, \.py, \.jsonl, \.parquet",
+        str(tmp_path / "data.csv"): r"unsupported file type.*supported suffixes: \.txt, \.py, \.jsonl, \.parquet",
         str(tmp_path / "empty"): "no .txt, .py, .jsonl, .parquet files",
         "hf:": "missing dataset name",
     }
@@ -361,9 +355,7 @@ def test_bad_data_values_give_clear_errors(tmp_path):
 def test_bad_file_contents_give_clear_errors(tmp_path):
     (tmp_path / "no_text.jsonl").write_text('{"text": "ok"}\n{"body": "x"}\n')
     (tmp_path / "broken.jsonl").write_text('{"text": "ok"}\n{not json\n')
-    with pytest.raises(
-        DataSourceError, match=r"no_text.jsonl:2: no 'text' field \(found \['body'\]\)"
-    ):
+    with pytest.raises(DataSourceError, match=r"no_text.jsonl:2: no 'text' field \(found \['body'\]\)"):
         list(parse_data_spec(str(tmp_path / "no_text.jsonl")).documents())
     with pytest.raises(DataSourceError, match="broken.jsonl:2: not valid JSON"):
         list(parse_data_spec(str(tmp_path / "broken.jsonl")).documents())
@@ -419,8 +411,11 @@ def test_hf_source_without_network_is_one_line(monkeypatch):
         raise ConnectionError("Couldn't reach 'allenai/c4' on the Hub (ConnectionError)\nmore detail")
 
     monkeypatch.setattr(datasets, "load_dataset", offline)
-    with pytest.raises(DataSourceError, match=r"^--data hf:allenai/c4:en: cannot stream it from Hugging Face "
-                       r"\(Couldn't reach 'allenai/c4' on the Hub \(ConnectionError\)\); check the name and the network"):
+    with pytest.raises(
+        DataSourceError,
+        match=r"^--data hf:allenai/c4:en: cannot stream it from Hugging Face "
+        r"\(Couldn't reach 'allenai/c4' on the Hub \(ConnectionError\)\); check the name and the network",
+    ):
         next(parse_data_spec("hf:allenai/c4:en").documents())
 
 

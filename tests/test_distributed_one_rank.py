@@ -82,7 +82,9 @@ def test_fsdp2_holds_and_applies_the_cuda_policy(torchrun_one):
         _, loss = model(tokens[:, :-1], tokens[:, 1:])
         loss.backward()
         dtypes = {p.dtype for p in model.parameters()} | {p.grad.dtype for p in model.parameters()}
-    assert described == "backend gloo, 1 ranks, FSDP2 MixedPrecisionPolicy: 3 units with params bfloat16, reduce float32"
+    assert (
+        described == "backend gloo, 1 ranks, FSDP2 MixedPrecisionPolicy: 3 units with params bfloat16, reduce float32"
+    )
     assert seen == [(torch.bfloat16, torch.bfloat16)]
     assert dtypes == {torch.float32}
 
@@ -92,7 +94,9 @@ def test_adahop_train_on_one_process_through_fsdp2(torchrun_one, small_overrides
     argv = [f"--{k}={v}" for k, v in small_overrides(out, training__steps=4)] + ["--training.distributed=true"]
     with caplog.at_level("INFO", logger="adahop"):
         assert main(argv) == 0
-    assert "distributed: backend gloo, 1 ranks, FSDP2 MixedPrecisionPolicy: 3 units with params as stored" in caplog.text
+    assert (
+        "distributed: backend gloo, 1 ranks, FSDP2 MixedPrecisionPolicy: 3 units with params as stored" in caplog.text
+    )
     checkpoints = sorted((out / "checkpoints").iterdir())
     assert [p.name for p in checkpoints] == ["step_0000002", "step_0000004"] and all(p.is_dir() for p in checkpoints)
     assert "distributed = true" in (out / "config.toml").read_text()

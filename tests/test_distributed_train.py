@@ -75,7 +75,9 @@ def run_rank(rank: int, jobs: list[dict], logs: str) -> None:
 
         def save_then_crash(path, job=job, **kwargs):
             if rank == 1 and kwargs["step"] == job.get("full_disk_at"):
-                with mock.patch.object(FileSystemWriter, "write_data", side_effect=OSError(errno.ENOSPC, "No space left on device")):
+                with mock.patch.object(
+                    FileSystemWriter, "write_data", side_effect=OSError(errno.ENOSPC, "No space left on device")
+                ):
                     return save_sharded(path, **kwargs)
             save_sharded(path, **kwargs)
             if kwargs["step"] == job.get("crash_after"):
@@ -106,7 +108,10 @@ def spawn(jobs: list[dict], logs: Path) -> list[list[tuple[int, str]]]:
                 process.kill()
             pytest.fail(f"the 2-rank run did not end within {TIMEOUT_S} s")
     return [
-        [(int((logs / f"job{i}.rank{r}.status").read_text()), (logs / f"job{i}.rank{r}.err").read_text()) for r in range(WORLD)]
+        [
+            (int((logs / f"job{i}.rank{r}.status").read_text()), (logs / f"job{i}.rank{r}.err").read_text())
+            for r in range(WORLD)
+        ]
         for i in range(len(jobs))
     ]
 
@@ -181,7 +186,9 @@ def test_two_ranks_train_like_one_process_on_the_same_global_batch(runs):
     assert "step 1/4" in err0 and err1 == ""  # rank 0 logs, rank 1 is silent
     train = [r for r in read_metrics(two) if r["kind"] == "train"]
     assert [r["step"] for r in train] == [1, 2, 3, 4]
-    assert all(len(r["memory_mib_per_rank"]) == WORLD and r["memory_mib"] == max(r["memory_mib_per_rank"]) for r in train)
+    assert all(
+        len(r["memory_mib_per_rank"]) == WORLD and r["memory_mib"] == max(r["memory_mib_per_rank"]) for r in train
+    )
     assert [r["tokens"] for r in train] == [128 * s for s in range(1, 5)]  # global tokens
     # Sharded checkpoints: directories, the newest 2 kept, nothing left of the writes.
     assert sorted(p.name for p in (two / "checkpoints").iterdir()) == ["step_0000002", "step_0000004"]
@@ -264,7 +271,10 @@ def test_a_failed_sharded_write_stops_every_rank_and_keeps_the_last_checkpoint(r
     lines = [line for _, err in results[6] for line in err.splitlines() if "error:" in line]
     assert len(lines) == 1, results[6]
     assert f"cannot write {run / 'checkpoints' / 'step_0000004'}: No space left on device (on rank 1)" in lines[0]
-    assert f"last checkpoint {run / 'checkpoints' / 'step_0000002'}; continue with: torchrun --nproc-per-node=2" in lines[0]
+    assert (
+        f"last checkpoint {run / 'checkpoints' / 'step_0000002'}; continue with: torchrun --nproc-per-node=2"
+        in lines[0]
+    )
     assert latest_checkpoint(run).name == "step_0000002"
     assert (run / "checkpoints" / ".step_0000004.tmp").is_dir()  # removed when the run resumes
 
@@ -280,7 +290,9 @@ def test_one_rank_failing_stops_both_with_one_message(runs):
     assert "error:" not in err0 and "Traceback" not in err0, err0
     lines = [line for line in err1.splitlines() if "error:" in line]
     assert len(lines) == 1, err1
-    assert lines[0].startswith("adahop train: error: rank 1: RuntimeError: simulated fault on rank 1; stopped at step 2 of 6")
+    assert lines[0].startswith(
+        "adahop train: error: rank 1: RuntimeError: simulated fault on rank 1; stopped at step 2 of 6"
+    )
     assert f"last checkpoint {run / 'checkpoints' / 'step_0000002'}" in lines[0]
     assert latest_checkpoint(run).name == "step_0000002"
 
@@ -297,6 +309,8 @@ def test_a_cut_short_sharded_write_is_never_the_latest(runs, small_overrides, tm
     (run / "checkpoints" / "step_0000006" / ".metadata").unlink()
     assert latest_checkpoint(run).name == "step_0000006"
     with caplog.at_level("INFO", logger="adahop"):
-        trainer = Trainer(load_config(None, small_overrides(run, **ONE_BLOCK, training__steps=7)), resume=True, progress=False)
+        trainer = Trainer(
+            load_config(None, small_overrides(run, **ONE_BLOCK, training__steps=7)), resume=True, progress=False
+        )
     assert trainer.step == 4 and "not a readable distributed checkpoint" in caplog.text
     assert not partial.exists() and (run / "checkpoints" / "step_0000006.corrupt").is_dir()

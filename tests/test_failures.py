@@ -107,27 +107,52 @@ def test_resume_applies_and_logs_a_changed_lr_and_length(four_steps, small_overr
 @pytest.mark.parametrize(
     "change, error, expected",
     [
-        ({}, ConfigError, r"has finished its 4 steps \(step_0000004\.pt\); to train on, resume with --steps N for some N > 4"),
+        (
+            {},
+            ConfigError,
+            r"has finished its 4 steps \(step_0000004\.pt\); to train on, resume with --steps N for some N > 4",
+        ),
         ({"training__steps": 3}, ConfigError, r"--steps 3 is before the checkpoint's step 4"),
-        ({"training__steps": 6, "data__batch_size": 8}, CheckpointError, r"different data \(batch_size: checkpoint 4 vs config 8\)"),
-        ({"training__steps": 6, "training__seed": 1}, CheckpointError, r"training\.seed=0, which a resumed run cannot change"),
-        ({"training__steps": 6, "training__grad_accum": 2}, CheckpointError, r"training\.grad_accum=1, which a resumed run"),
+        (
+            {"training__steps": 6, "data__batch_size": 8},
+            CheckpointError,
+            r"different data \(batch_size: checkpoint 4 vs config 8\)",
+        ),
+        (
+            {"training__steps": 6, "training__seed": 1},
+            CheckpointError,
+            r"training\.seed=0, which a resumed run cannot change",
+        ),
+        (
+            {"training__steps": 6, "training__grad_accum": 2},
+            CheckpointError,
+            r"training\.grad_accum=1, which a resumed run",
+        ),
     ],
 )
-def test_resume_refuses_what_it_cannot_honour_and_records_nothing(change, error, expected, four_steps, small_overrides, tmp_path):
+def test_resume_refuses_what_it_cannot_honour_and_records_nothing(
+    change, error, expected, four_steps, small_overrides, tmp_path
+):
     run = copy_run(four_steps, tmp_path)
     before = (run / "config.toml").read_text()
     with pytest.raises(error, match=expected):
-        Trainer(load_config(None, small_overrides(run, **({"training__steps": 4} | change))), resume=True, progress=False)
+        Trainer(
+            load_config(None, small_overrides(run, **({"training__steps": 4} | change))), resume=True, progress=False
+        )
     assert (run / "config.toml").read_text() == before
 
 
 # ---- 3. a corrupt latest checkpoint ----------------------------------------------------------
 @pytest.mark.parametrize(
     "damage, reason",
-    [(lambda data: data[: len(data) // 2], "truncated archive"), (lambda data: os.urandom(4096), "not a torch.save archive")],
+    [
+        (lambda data: data[: len(data) // 2], "truncated archive"),
+        (lambda data: os.urandom(4096), "not a torch.save archive"),
+    ],
 )
-def test_corrupt_latest_checkpoint_falls_back_to_the_one_before(damage, reason, four_steps, small_overrides, tmp_path, caplog):
+def test_corrupt_latest_checkpoint_falls_back_to_the_one_before(
+    damage, reason, four_steps, small_overrides, tmp_path, caplog
+):
     run = copy_run(four_steps, tmp_path)
     latest = run / "checkpoints" / "step_0000004.pt"
     latest.write_bytes(damage(latest.read_bytes()))
@@ -235,7 +260,10 @@ def test_full_disk_is_one_line_and_keeps_the_last_checkpoint(small_overrides, tm
     run = tmp_path / "run"
     assert main(as_argv(small_overrides(run))) == 1
     line = error_line(capsys.readouterr().err)
-    assert f"cannot write {run / 'checkpoints' / 'step_0000004.pt'}: No space left on device; stopped at step 4 of 6" in line
+    assert (
+        f"cannot write {run / 'checkpoints' / 'step_0000004.pt'}: No space left on device; stopped at step 4 of 6"
+        in line
+    )
     assert f"last checkpoint {run / 'checkpoints' / 'step_0000002.pt'}" in line
 
 
@@ -243,7 +271,10 @@ def test_full_disk_is_one_line_and_keeps_the_last_checkpoint(small_overrides, tm
     "setup, expected",
     [
         (lambda out: out.write_text(""), "is a file, not a directory"),
-        (lambda out: out.parent.joinpath("file").write_text(""), "cannot create the run directory --out .*file/run: Not a directory"),
+        (
+            lambda out: out.parent.joinpath("file").write_text(""),
+            "cannot create the run directory --out .*file/run: Not a directory",
+        ),
     ],
 )
 def test_unusable_out_is_one_line(setup, expected, small_overrides, tmp_path, capsys):
@@ -276,7 +307,9 @@ def test_new_run_refuses_to_overwrite_metrics_without_a_checkpoint(four_steps, s
     run = copy_run(four_steps, tmp_path)
     shutil.rmtree(run / "checkpoints")
     before = (run / "metrics.jsonl").read_bytes()
-    with pytest.raises(ConfigError, match="holds metrics.jsonl and plan.json of an earlier run that wrote no checkpoint"):
+    with pytest.raises(
+        ConfigError, match="holds metrics.jsonl and plan.json of an earlier run that wrote no checkpoint"
+    ):
         Trainer(load_config(None, small_overrides(run)), progress=False)
     assert (run / "metrics.jsonl").read_bytes() == before
 

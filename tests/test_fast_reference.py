@@ -34,8 +34,15 @@ def assert_same(
 ):
     want = spec_quantize(x, fmt, axis, block_size, scale_rule, rounding, seed, hadamard_block_size, signs)
     got = quantize_mx_fast(
-        x, fmt, axis=axis, block_size=block_size, scale_rule=scale_rule, rounding=rounding, seed=seed,
-        hadamard_block_size=hadamard_block_size, signs=signs,
+        x,
+        fmt,
+        axis=axis,
+        block_size=block_size,
+        scale_rule=scale_rule,
+        rounding=rounding,
+        seed=seed,
+        hadamard_block_size=hadamard_block_size,
+        signs=signs,
     )
     assert (got.fmt, got.axis, got.block_size, got.shape) == (want.fmt, want.axis, want.block_size, want.shape)
     assert got.data.dtype == want.data.dtype and torch.equal(got.data, want.data)

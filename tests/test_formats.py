@@ -257,8 +257,9 @@ def test_stochastic_rounding_adds_the_noise_exactly(fmt):
     quantum = element_quantum_oracle(a, name)
     fixed = np.floor(a / quantum * 2.0**16).astype(np.int64)  # exact: a power-of-two scaling
     choice = rng.integers(0, 3, size)
-    n = np.where(choice == 0, (-fixed - 1) % 2**16,
-                 np.where(choice == 1, (-fixed) % 2**16, rng.integers(0, 2**16, size)))
+    n = np.where(
+        choice == 0, (-fixed - 1) % 2**16, np.where(choice == 1, (-fixed) % 2**16, rng.integers(0, 2**16, size))
+    )
     want = np.copysign(np.minimum(((fixed + n) >> 16) * quantum, fmt.max_normal), v)
     got = round_to_element(torch.from_numpy(v), fmt, torch.from_numpy(n / 2.0**16).float())
     assert np.array_equal(got.double().numpy(), want)
@@ -313,8 +314,7 @@ def numpy_philox4x32_10(key: int, counters: np.ndarray) -> np.ndarray:
     for _ in range(10):
         prod_a = np.uint64(0xD2511F53) * c[0]  # < 2**64: exact in uint64
         prod_b = np.uint64(0xCD9E8D57) * c[2]
-        c = [(prod_b >> np.uint64(32)) ^ c[1] ^ k0, prod_b & mask,
-             (prod_a >> np.uint64(32)) ^ c[3] ^ k1, prod_a & mask]
+        c = [(prod_b >> np.uint64(32)) ^ c[1] ^ k0, prod_b & mask, (prod_a >> np.uint64(32)) ^ c[3] ^ k1, prod_a & mask]
         k0, k1 = (k0 + np.uint64(0x9E3779B9)) & mask, (k1 + np.uint64(0xBB67AE85)) & mask
     return np.stack(c, axis=-1)
 

@@ -81,7 +81,7 @@ def test_graphed_steps_train_like_eager_steps(recipe, tolerance, accum):
 def test_every_replay_rounds_with_fresh_noise(recipe, fresh_noise):
     """The seeds are drawn on the device inside the graph, so a replay is not a copy of the last."""
     model = _model({"name": recipe})
-    (inputs, targets), = _batches(1)
+    ((inputs, targets),) = _batches(1)
     for _ in range(CALIBRATION + 1):  # calibrate and freeze
         _eager_step(model, inputs, targets)
     step = GraphedMicroStep(model)

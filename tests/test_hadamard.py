@@ -77,6 +77,7 @@ def test_integer_tensors_and_bad_axes_are_rejected():
     with pytest.raises(IndexError, match="axis 2 is out of range"):
         hadamard_transform(torch.randn(2, 32), axis=2)
 
+
 def sylvester_by_popcount(n: int) -> torch.Tensor:
     """H[i, j] = (-1)**popcount(i & j): the Sylvester Hadamard matrix, defined independently."""
     i = torch.arange(n)

@@ -37,9 +37,7 @@ def reference(x, *, axis=-1, hadamard_block_size=0, signs=None, **kwargs) -> MXT
 
 
 def assert_same(got: MXTensor, want: MXTensor) -> None:
-    assert (got.fmt, got.axis, got.block_size, got.shape) == (
-        want.fmt, want.axis, want.block_size, want.shape
-    )
+    assert (got.fmt, got.axis, got.block_size, got.shape) == (want.fmt, want.axis, want.block_size, want.shape)
     assert torch.equal(got.scales.cpu(), want.scales), "E8M0 scales differ"
     mismatch = (got.data.cpu() != want.data).sum().item()
     assert mismatch == 0, f"{mismatch} of {want.data.numel()} data bytes differ"
@@ -114,8 +112,9 @@ def test_stochastic_rounding_matches_reference_noise(fmt, axis, seed):
 # Every format and scale rule under stochastic rounding, blocks alternately along rows and
 # columns (MXFP4 takes the row-wise and the column-wise kernels, FP8 the general one), plus two
 # round-to-nearest cases; one interpreter call each (~3 s, most of it fixed cost).
-ORACLE_CASES = [(fmt, rule, "stochastic", (-1, 0)[i % 2]) for fmt in ELEMENT_FORMATS
-                for i, rule in enumerate(SCALE_RULES)]
+ORACLE_CASES = [
+    (fmt, rule, "stochastic", (-1, 0)[i % 2]) for fmt in ELEMENT_FORMATS for i, rule in enumerate(SCALE_RULES)
+]
 ORACLE_CASES += [("mxfp4", "floor", "nearest", -1), ("mxfp8_e5m2", "even", "nearest", 0)]
 
 
@@ -139,8 +138,7 @@ def test_kernels_bit_exact_with_the_independent_oracle(fmt, rule, rounding, axis
 def test_blocks_smaller_than_a_word_or_a_philox_call(fmt, block_size, rounding):
     """Byte stores where a block is under 32 bits; one Philox call per element under 4 elements."""
     for axis in (-1, 0):
-        check(hard_matrix(33, 40), fmt=fmt, block_size=block_size, rounding=rounding, seed=5,
-              axis=axis)
+        check(hard_matrix(33, 40), fmt=fmt, block_size=block_size, rounding=rounding, seed=5, axis=axis)
 
 
 def test_stochastic_rounding_is_seeded():
@@ -186,8 +184,7 @@ def test_hadamard_rowwise_bf16(hadamard_block_size, with_signs):
 def test_hadamard_columnwise(dtype, rounding):
     x = hard_matrix(256, 48, dtype)
     signs = random_signs(128, seed=2)
-    check(x, axis=0, hadamard_block_size=128, signs=signs, rounding=rounding, seed=9,
-          scale_rule="rceil")
+    check(x, axis=0, hadamard_block_size=128, signs=signs, rounding=rounding, seed=9, scale_rule="rceil")
 
 
 def test_hadamard_with_padding_and_overflow():

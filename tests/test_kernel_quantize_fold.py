@@ -75,7 +75,12 @@ def test_rejects_what_the_kernel_cannot_serve():
 
 @pytest.mark.parametrize(
     "plan",
-    [("mxfp4", "mxfp4", "mxfp4"), ("iht", "iht", "iht"), ("oe_right", "oe_left", "iht"), ("oe_left", "oe_right", "oe_right")],
+    [
+        ("mxfp4", "mxfp4", "mxfp4"),
+        ("iht", "iht", "iht"),
+        ("oe_right", "oe_left", "iht"),
+        ("oe_left", "oe_right", "oe_right"),
+    ],
     ids=lambda p: "-".join(p),
 )
 def test_linear_gives_the_same_bits_with_operands_quantized_into_fp8(plan):

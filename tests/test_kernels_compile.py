@@ -14,8 +14,13 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_every_quantize_kernel_compiles_for_sm90():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
-    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ptx_fingerprint.py")], env=env,
-                         capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "ptx_fingerprint.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     lines = run.stdout.splitlines()
     # 3 orientations x 2 roundings x 2 Hadamard settings, the fused fold kernel's 4, the fold's 1.

@@ -190,8 +190,10 @@ def test_calibration_freezes_after_n_steps_and_plan_json_skips_it(tmp_path):
     plan = model_plan(model)
     plan.save(tmp_path / "plan.json")
     other = convert_model(
-        nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8)), "adahop_lv2",
-        filter_fn=lambda m, n: n != "2", plan=tmp_path / "plan.json",
+        nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8)),
+        "adahop_lv2",
+        filter_fn=lambda m, n: n != "2",
+        plan=tmp_path / "plan.json",
     )
     assert other[0].plan == model[0].plan
     with pytest.raises(ValueError, match="no entry"):
@@ -241,7 +243,10 @@ def test_bad_inputs_get_clear_errors():
 
 def test_float64_input_error_names_the_layer():
     layer = AdaHOPLinear(64, 32, recipe="mxfp4", layer_id=3).double()
-    with pytest.raises(TypeError, match=r"AdaHOPLinear\(in_features=64, out_features=32, layer_id=3, recipe=mxfp4\) .*got torch.float64"):
+    with pytest.raises(
+        TypeError,
+        match=r"AdaHOPLinear\(in_features=64, out_features=32, layer_id=3, recipe=mxfp4\) .*got torch.float64",
+    ):
         layer(torch.randn(4, 64, dtype=torch.float64))
     calibrating = AdaHOPLinear(64, 32, recipe="adahop_lv2").double()  # would quantize once frozen
     with pytest.raises(TypeError, match="float64"):

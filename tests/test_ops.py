@@ -12,7 +12,9 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 def _x(rows: int = 6, cols: int = 64) -> torch.Tensor:
     gen = torch.Generator().manual_seed(rows * cols)
-    return (torch.randn(rows, cols, generator=gen) * torch.exp2(torch.randint(-8, 8, (rows, 1), generator=gen))).to(DEVICE)
+    return (torch.randn(rows, cols, generator=gen) * torch.exp2(torch.randint(-8, 8, (rows, 1), generator=gen))).to(
+        DEVICE
+    )
 
 
 @pytest.mark.parametrize("rounding", ("nearest", "stochastic"))

@@ -139,7 +139,6 @@ def test_layer_plan_dict_round_trip_and_validation():
         LayerPlan("iht", "iht", "iht", patterns={"x": "row", "w": "up", "g": "none"})
 
 
-
 def test_every_table_default_is_the_recipes():
     """Leaving the table out gives the level-2 table everywhere, as a default Recipe does."""
     import inspect
@@ -147,9 +146,12 @@ def test_every_table_default_is_the_recipes():
     from adahop.policy.calibration import ModelPlan, PatternVotes
     from adahop.recipes import Recipe
 
-    defaults = {inspect.signature(f).parameters["table"].default
-                for f in (plan_for_patterns, PatternVotes.plan, ModelPlan.from_votes)}
+    defaults = {
+        inspect.signature(f).parameters["table"].default
+        for f in (plan_for_patterns, PatternVotes.plan, ModelPlan.from_votes)
+    }
     assert defaults == {Recipe().table} == {"lv2"}
+
 
 # Tables whose answer depends on one operand's pattern only, so every transpose shows: A's
 # pattern picks the strategy in BY_A, B's in BY_B (OE-left is left out: wgrad replaces it).

@@ -104,8 +104,10 @@ def test_2d_weight_blocks_give_forward_and_dgrad_the_same_quantized_weight(rule,
     assert not torch.equal(wq, fq(w, scale_rule=rule)) and not torch.equal(wq, fq(w.T, scale_rule=rule).T)
     torch.manual_seed(5)
     seeds = draw_rounding_seeds(count=4 if backward_rounding == "stochastic" else 2)
-    x_t = fq(x.T, scale_rule=rule) if backward_rounding == "nearest" else fq(
-        x.T, rounding="stochastic", seed=seeds[2], scale_rule=rule
+    x_t = (
+        fq(x.T, scale_rule=rule)
+        if backward_rounding == "nearest"
+        else fq(x.T, rounding="stochastic", seed=seeds[2], scale_rule=rule)
     )
     assert torch.allclose(y, fq(x, scale_rule=rule) @ wq.T + layer.bias.detach(), rtol=1e-6, atol=1e-5)
     dx_ref = fq(g, rounding="stochastic", seed=seeds[0], scale_rule=rule) @ wq  # the forward's W, not requantized
@@ -138,7 +140,9 @@ def test_unsupported_2d_weight_combinations_are_one_line_errors():
     # A plan that rotates W, loaded into a 2-D layer, fails on its first forward.
     layer = AdaHOPLinear(64, 64, recipe={"name": "mxfp4", "weight_blocks": "2d"})
     load_plan(layer, ModelPlan({"": LayerPlan(Strategy.IHT, Strategy.MXFP4, Strategy.IHT)}))
-    with pytest.raises(ValueError, match="2-D weight blocks need MXFP4 or BF16 forward and dgrad GEMMs, got iht and mxfp4"):
+    with pytest.raises(
+        ValueError, match="2-D weight blocks need MXFP4 or BF16 forward and dgrad GEMMs, got iht and mxfp4"
+    ):
         layer(torch.randn(4, 64))
 
 

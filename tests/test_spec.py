@@ -60,5 +60,8 @@ def test_layers_share_one_frozen_recipe():
     assert get_recipe("mxfp4") is recipe
     layer = layers[0]
     act, grad, saved = layer._specs
-    assert (act.rounding, grad.rounding, saved.rounding) == (recipe.rounding, recipe.grad_rounding,
-                                                             recipe.backward_rounding)
+    assert (act.rounding, grad.rounding, saved.rounding) == (
+        recipe.rounding,
+        recipe.grad_rounding,
+        recipe.backward_rounding,
+    )

@@ -37,8 +37,10 @@ def test_extra_state_is_one_fixed_shape_tensor_updated_in_place():
 
 def test_legacy_dict_state_still_loads():
     plan = LayerPlan("oe_left", "oe_right", "iht", {"x": "row", "w": "none", "g": "col"})
-    votes = {"counts": {"x": {"row": 3}, "w": {"none": 3}, "g": {"col": 3}},
-             "last_seen": {"x": {"row": 3}, "w": {"none": 3}, "g": {"col": 3}}}
+    votes = {
+        "counts": {"x": {"row": 3}, "w": {"none": 3}, "g": {"col": 3}},
+        "last_seen": {"x": {"row": 3}, "w": {"none": 3}, "g": {"col": 3}},
+    }
     layer = AdaHOPLinear(64, 32, recipe="adahop_lv2")
     layer.set_extra_state({"plan": plan.to_dict(), "votes": votes})
     assert layer.plan == plan and layer.votes.state_dict() == votes

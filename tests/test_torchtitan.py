@@ -135,7 +135,14 @@ def test_ready_made_config_loads_through_torchtitans_cli():
     from torchtitan.config import ConfigManager
 
     config = ConfigManager().parse_args(
-        ["--module", "adahop.integrations.torchtitan", "--config", "llama3_debugmodel_adahop", "--training.steps", "300"]
+        [
+            "--module",
+            "adahop.integrations.torchtitan",
+            "--config",
+            "llama3_debugmodel_adahop",
+            "--training.steps",
+            "300",
+        ]
     )
     assert config.training.steps == 300
     kinds = [type(c) for _, c, _, _ in config.model_spec.model.traverse(Linear.Config)]

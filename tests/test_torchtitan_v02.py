@@ -29,12 +29,18 @@ VOCAB = 2048
 
 
 def job_config(recipe_path):
-    return ConfigManager().parse_args([
-        "--job.custom_config_module", "adahop.integrations.torchtitan",
-        "--job.dump_folder", str(recipe_path.parent),
-        "--model.converters", "adahop",
-        "--adahop.recipe", str(recipe_path),
-    ])
+    return ConfigManager().parse_args(
+        [
+            "--job.custom_config_module",
+            "adahop.integrations.torchtitan",
+            "--job.dump_folder",
+            str(recipe_path.parent),
+            "--model.converters",
+            "adahop",
+            "--adahop.recipe",
+            str(recipe_path),
+        ]
+    )
 
 
 def build(job):
@@ -58,8 +64,18 @@ def test_converts_trains_and_checkpoints_the_plan(tmp_path, caplog):
     torch.manual_seed(0)
     model, converters = build(job)
     layers = {n for n, m in model.named_modules() if isinstance(m, AdaHOPLinear)}
-    assert layers == {f"layers.0.{n}" for n in ("attention.wq", "attention.wk", "attention.wv", "attention.wo",
-                                                "feed_forward.w1", "feed_forward.w2", "feed_forward.w3")}
+    assert layers == {
+        f"layers.0.{n}"
+        for n in (
+            "attention.wq",
+            "attention.wk",
+            "attention.wv",
+            "attention.wo",
+            "feed_forward.w1",
+            "feed_forward.w2",
+            "feed_forward.w3",
+        )
+    }
     assert type(model.output) is torch.nn.Linear
 
     wrapper = ModelWrapper(model)  # built before training, as 0.2's CheckpointManager is: it caches

@@ -68,7 +68,7 @@ def test_toml_round_trip_and_precedence(tmp_path):
 def test_dump_toml_is_read_back_by_tomllib():
     import tomllib
 
-    doc = {"a": 1, "b": 2.5e-7, "c": "x\"y\\z", "d": [1, 2], "e": True, "t": {"row,none": "bf16", "k": {"n": 1}}}
+    doc = {"a": 1, "b": 2.5e-7, "c": 'x"y\\z', "d": [1, 2], "e": True, "t": {"row,none": "bf16", "k": {"n": 1}}}
     assert tomllib.loads(dump_toml(doc)) == doc
 
 
@@ -192,9 +192,10 @@ def test_short_run_writes_the_run_directory(recipe, small_overrides, tmp_path):
     for name, tensor in model.state_dict().items():
         if isinstance(tensor, torch.Tensor):
             assert torch.equal(tensor, state["model"][name]), name
-    assert ModelPlan.load(run / "plan.json").to_json() == ModelPlan(
-        {n: m.plan for n, m in model.named_modules() if getattr(m, "plan", None) is not None}
-    ).to_json()
+    assert (
+        ModelPlan.load(run / "plan.json").to_json()
+        == ModelPlan({n: m.plan for n, m in model.named_modules() if getattr(m, "plan", None) is not None}).to_json()
+    )
 
 
 @pytest.mark.parametrize("recipe", ["mxfp4", "adahop_lv2"])

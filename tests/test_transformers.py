@@ -14,8 +14,13 @@ RECIPE = {"name": "adahop_lv2", "calibration_steps": 2}
 
 def tiny_llama():
     config = transformers.LlamaConfig(
-        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
     )
     return transformers.LlamaForCausalLM(config)
 

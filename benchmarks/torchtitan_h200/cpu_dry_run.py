@@ -16,7 +16,12 @@ cpu.get_device_name = lambda *a: "cpu"
 cpu.get_device_properties = lambda *a: types.SimpleNamespace(total_memory=2**34)
 cpu.reset_peak_memory_stats = cpu.empty_cache = cpu.set_device = lambda *a: None
 cpu.current_device = lambda: 0
-cpu.memory_stats = lambda *a: {"active_bytes.all.peak": 0, "reserved_bytes.all.peak": 0, "num_alloc_retries": 0, "num_ooms": 0}
+cpu.memory_stats = lambda *a: {
+    "active_bytes.all.peak": 0,
+    "reserved_bytes.all.peak": 0,
+    "num_alloc_retries": 0,
+    "num_ooms": 0,
+}
 
 import torchtitan.train  # noqa: E402  (imports every module that copied utils.device_type)
 

@@ -92,7 +92,8 @@ def remove_stale_temp_files(directory: str | os.PathLike) -> list[Path]:
     if not directory.is_dir():
         return []
     stale = [
-        p for p in sorted(directory.iterdir())
+        p
+        for p in sorted(directory.iterdir())
         if (m := _TEMP_NAME.match(p.name)) and p.is_file() and not _process_alive(int(m[1]))
     ]
     for path in stale:

@@ -59,7 +59,12 @@ def _quantize_reference(x, fmt, axis, block_size, scale_rule, rounding, seed, ha
     if hadamard_block_size:
         x = hadamard_transform(x, axis=axis, block_size=hadamard_block_size, signs=signs)
     q = quantize_mx(
-        x, fmt, axis=axis, block_size=block_size, scale_rule=scale_rule, rounding=rounding,
+        x,
+        fmt,
+        axis=axis,
+        block_size=block_size,
+        scale_rule=scale_rule,
+        rounding=rounding,
         seed=_seed_value(seed),
     )
     return q.data, q.scales
@@ -88,8 +93,15 @@ def _quantize_mx_cuda(x, fmt, axis, block_size, scale_rule, rounding, seed, hada
     from .kernels.quantize import quantize_mx_triton
 
     q = quantize_mx_triton(
-        x, fmt, axis=axis, block_size=block_size, scale_rule=scale_rule, rounding=rounding,
-        seed=seed, hadamard_block_size=hadamard_block_size, signs=signs,
+        x,
+        fmt,
+        axis=axis,
+        block_size=block_size,
+        scale_rule=scale_rule,
+        rounding=rounding,
+        seed=seed,
+        hadamard_block_size=hadamard_block_size,
+        signs=signs,
     )
     return q.data, q.scales
 
@@ -98,8 +110,15 @@ def _quantize_mx_cuda(x, fmt, axis, block_size, scale_rule, rounding, seed, hada
 def _quantize_mx_cpu(x, fmt, axis, block_size, scale_rule, rounding, seed, hadamard_block_size, signs):
     """The reference's bits by the faster route of ``formats.fast`` (tests/test_fast_reference.py)."""
     q = quantize_mx_fast(
-        x, fmt, axis=axis, block_size=block_size, scale_rule=scale_rule, rounding=rounding,
-        seed=_seed_value(seed), hadamard_block_size=hadamard_block_size, signs=signs,
+        x,
+        fmt,
+        axis=axis,
+        block_size=block_size,
+        scale_rule=scale_rule,
+        rounding=rounding,
+        seed=_seed_value(seed),
+        hadamard_block_size=hadamard_block_size,
+        signs=signs,
     )
     return q.data, q.scales
 
@@ -113,8 +132,17 @@ def _(x, fmt, axis, block_size, scale_rule, rounding, seed, hadamard_block_size,
 
 def quantize_2d(x: torch.Tensor, spec: QuantSpec, *, axis: int, seed: torch.Tensor | None) -> MXTensor:
     """``quantize_mx_op`` of 2-D ``x`` by ``spec`` (its Hadamard transform included), as an ``MXTensor``."""
-    args = (x, spec.fmt, axis, spec.block_size, spec.scale_rule, spec.rounding, seed, spec.hadamard_block_size,
-            spec.hadamard_signs)
+    args = (
+        x,
+        spec.fmt,
+        axis,
+        spec.block_size,
+        spec.scale_rule,
+        spec.rounding,
+        seed,
+        spec.hadamard_block_size,
+        spec.hadamard_signs,
+    )
     data, scales = _quantize_mx_cuda(*args) if _eager_cuda(x) else quantize_mx_op(*args)
     return MXTensor(data, scales, spec.fmt, axis % 2, spec.block_size, x.shape)
 
@@ -148,8 +176,10 @@ def quantize_tiles_2d(x: torch.Tensor, spec: QuantSpec, *, seed: torch.Tensor) -
         raise ValueError("square-tile quantization takes no Hadamard transform; pass spec.unrotated")
     fmt, tile = spec.fmt, spec.block_size
     row_data, row_scales, col_data, col_scales = quantize_tiles_op(x, fmt, tile, spec.scale_rule, spec.rounding, seed)
-    return (MXTensor(row_data, row_scales, fmt, 1, tile, x.shape),
-            MXTensor(col_data, col_scales, fmt, 0, tile, x.shape))
+    return (
+        MXTensor(row_data, row_scales, fmt, 1, tile, x.shape),
+        MXTensor(col_data, col_scales, fmt, 0, tile, x.shape),
+    )
 
 
 # ---- quantize straight into the folded FP8 operand -------------------------------------------
@@ -180,16 +210,20 @@ def _quantize_fold_cuda(x, scale_rule, rounding, seed, hadamard_block_size, sign
         return _quantize_fold_reference(x, scale_rule, rounding, seed, hadamard_block_size, signs)
     from .kernels.quantize_fold import quantize_fold_fp8
 
-    folded = quantize_fold_fp8(x, scale_rule=scale_rule, rounding=rounding, seed=seed,
-                               hadamard_block_size=hadamard_block_size, signs=signs)
+    folded = quantize_fold_fp8(
+        x, scale_rule=scale_rule, rounding=rounding, seed=seed, hadamard_block_size=hadamard_block_size, signs=signs
+    )
     return folded.data.view(torch.uint8), folded.row_scale, folded.lossy_per_row
 
 
 @quantize_fold_op.register_fake
 def _(x, scale_rule, rounding, seed, hadamard_block_size, signs):
     rows = x.shape[0]
-    return (x.new_empty(x.shape, dtype=torch.uint8), x.new_empty(rows, dtype=torch.float32),
-            x.new_empty(rows, dtype=torch.int32))
+    return (
+        x.new_empty(x.shape, dtype=torch.uint8),
+        x.new_empty(rows, dtype=torch.float32),
+        x.new_empty(rows, dtype=torch.int32),
+    )
 
 
 def quantize_fold_2d(x: torch.Tensor, spec: QuantSpec, *, seed: torch.Tensor | None) -> FoldedFP8:
@@ -309,7 +343,9 @@ def _fold_reference(data, scales, block_size):
 
 
 @torch.library.custom_op("adahop::fold_fp8", mutates_args=())
-def fold_op(data: torch.Tensor, scales: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def fold_op(
+    data: torch.Tensor, scales: torch.Tensor, block_size: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(E4M3 bytes, row scales, lossy counts) of an MXFP4 operand stored block-axis-last."""
     return _fold_reference(data, scales, block_size)
 
@@ -327,8 +363,11 @@ def _fold_cuda(data, scales, block_size):
 @fold_op.register_fake
 def _(data, scales, block_size):
     rows = data.shape[0]
-    return (data.new_empty((rows, scales.shape[1] * block_size)), data.new_empty(rows, dtype=torch.float32),
-            data.new_empty(rows, dtype=torch.int32))
+    return (
+        data.new_empty((rows, scales.shape[1] * block_size)),
+        data.new_empty(rows, dtype=torch.float32),
+        data.new_empty(rows, dtype=torch.int32),
+    )
 
 
 def fold_fp8(mx: MXTensor) -> FoldedFP8:
@@ -344,8 +383,10 @@ def folded_matmul(a: FoldedFP8 | MXTensor, b: FoldedFP8 | MXTensor, out_dtype: t
     the reference route the same products in float32. Folded operands take no other route."""
     route = route_of(a.data.device, b.shape[0])
     if route not in (GemmRoute.FOLD_FP8, GemmRoute.REFERENCE):
-        raise ValueError(f"folded operands need the fold_fp8 route, and {route} was chosen for "
-                         f"{b.shape[0]} output columns on {a.data.device}")
+        raise ValueError(
+            f"folded operands need the fold_fp8 route, and {route} was chosen for "
+            f"{b.shape[0]} output columns on {a.data.device}"
+        )
     a, b = (fold_fp8(t) if isinstance(t, MXTensor) else t for t in (a, b))
     if a.shape[1] != b.shape[1]:
         raise ValueError(f"folded operands differ in K: {tuple(a.shape)} and {tuple(b.shape)}")

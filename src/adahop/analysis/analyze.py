@@ -47,8 +47,7 @@ def markdown_report(reports: list[LayerReport], source: str) -> str:
     ]
     for rep in reports:
         errs = [
-            f"{t.mxfp4_rel_error:.3f} -> {t.iht_rel_error:.3f}" if (t := rep.tensors.get(r)) else "-"
-            for r in ROLES
+            f"{t.mxfp4_rel_error:.3f} -> {t.iht_rel_error:.3f}" if (t := rep.tensors.get(r)) else "-" for r in ROLES
         ]
         cells = [rep.name, *(_cell(rep, r) for r in ROLES), *errs, *_gemms(rep)]
         lines.append("| " + " | ".join(cells) + " |")

@@ -105,9 +105,12 @@ def recipe_rows(runs: list[RunRecord]) -> list[dict]:
     for label, rs in groups.items():
         mean, std = _mean_std([r.final_val_loss() for r in rs])
         row = {
-            "recipe": label, "n": len(rs), "seeds": [r.seed for r in rs],
+            "recipe": label,
+            "n": len(rs),
+            "seeds": [r.seed for r in rs],
             "steps": sorted({r.train_steps[-1] if r.train_steps else 0 for r in rs}),
-            "final_val_loss_mean": mean, "final_val_loss_std": std,
+            "final_val_loss_mean": mean,
+            "final_val_loss_std": std,
         }
         if base is not None and label != base:
             gap, se, pairing = gap_to_bf16(rs, groups[base])
@@ -129,7 +132,9 @@ def _band(curves: list[tuple[list[int], list[float]]]) -> tuple[list[int], list[
 def _plot_band(ax, curves: list[tuple[list[int], list[float]]], color: str, label: str, marker: str = "") -> None:
     steps, mean, std = _band(curves)
     ax.plot(steps, mean, marker + "-", color=color, markersize=3, label=label)
-    ax.fill_between(steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], color=color, alpha=0.2)
+    ax.fill_between(
+        steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], color=color, alpha=0.2
+    )
 
 
 def plot_runs(runs: list[RunRecord], path: Path) -> None:
@@ -192,8 +197,13 @@ def print_table(rows: list[dict], console: Console) -> None:
         table.add_column(col, justify="left" if col == "recipe" else "right")
     for r in rows:
         table.add_row(
-            r["recipe"], str(r["seed"]), str(r["steps"]), _fmt(r["final_train_loss"]), _fmt(r["final_val_loss"]),
-            _fmt(r.get("train_gap_to_bf16"), True), _fmt(r.get("val_gap_to_bf16"), True),
+            r["recipe"],
+            str(r["seed"]),
+            str(r["steps"]),
+            _fmt(r["final_train_loss"]),
+            _fmt(r["final_val_loss"]),
+            _fmt(r.get("train_gap_to_bf16"), True),
+            _fmt(r.get("val_gap_to_bf16"), True),
         )
     console.print(table)
 

@@ -52,9 +52,7 @@ def _result(loss: float) -> dict[str, float]:
     return {"loss": loss, "perplexity": math.exp(loss)}
 
 
-def evaluate(
-    path: str | Path, data: str, max_batches: int | None = None, device: str = "auto"
-) -> dict[str, Any]:
+def evaluate(path: str | Path, data: str, max_batches: int | None = None, device: str = "auto") -> dict[str, Any]:
     """Held-out loss and perplexity of a run's latest checkpoint (or a checkpoint file) on
     ``data``, as trained and in BF16; returns the JSON-ready report."""
     from ..train import load_run, mean_loss, resolve_device

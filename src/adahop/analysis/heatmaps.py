@@ -39,7 +39,6 @@ def plot_layer(report: LayerReport, path: Path) -> None:
     """Three log-scaled |value| panels (X, W, dY) with their pattern and scores."""
     from matplotlib.colors import LogNorm
 
-
     plt = _pyplot()
     roles = list(report.tensors)
     fig, axes = plt.subplots(1, len(roles), figsize=(4.6 * len(roles), 4.2), squeeze=False)
@@ -48,8 +47,7 @@ def plot_layer(report: LayerReport, path: Path) -> None:
         img = t.heatmap.clamp_min(t.heatmap.max().item() * 1e-4 + 1e-30).numpy()
         im = ax.imshow(img, aspect="auto", interpolation="nearest", cmap="magma", norm=LogNorm())
         ax.set_title(
-            f"{ROLE_NAMES[role]} {list(t.shape)}\npattern={t.pattern}  row={t.row_score:.1f}  "
-            f"col={t.col_score:.1f}",
+            f"{ROLE_NAMES[role]} {list(t.shape)}\npattern={t.pattern}  row={t.row_score:.1f}  col={t.col_score:.1f}",
             fontsize=9,
         )
         ax.set_xlabel("column (max-pooled)")
@@ -68,7 +66,6 @@ def plot_overview(reports: list[LayerReport], path: Path) -> None:
     """Layers x (X, W, dY): colour = pattern, text = the deciding score."""
     from matplotlib.colors import ListedColormap
 
-
     plt = _pyplot()
     grid = torch.full((len(reports), len(ROLES)), float("nan"))
     fig, ax = plt.subplots(figsize=(5.5, 0.28 * len(reports) + 1.6))
@@ -84,8 +81,15 @@ def plot_overview(reports: list[LayerReport], path: Path) -> None:
     ax.set_xticks(range(len(ROLES)), ["X", "W", "dY"])
     ax.set_yticks(range(len(reports)), [r.name for r in reports], fontsize=7)
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in cmap.colors]
-    ax.legend(handles, ["none", "row", "col"], loc="upper center", bbox_to_anchor=(0.5, -0.02 - 1.2 / len(reports)),
-              ncol=3, fontsize=8, frameon=False)
+    ax.legend(
+        handles,
+        ["none", "row", "col"],
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.02 - 1.2 / len(reports)),
+        ncol=3,
+        fontsize=8,
+        frameon=False,
+    )
     ax.set_title("outlier pattern per layer (number: max(row, col) score)", fontsize=9)
     fig.tight_layout()
     save_figure(fig, path, dpi=110)

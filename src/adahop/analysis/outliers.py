@@ -110,9 +110,7 @@ def capture_linear_tensors(
     return captured
 
 
-def analyze_model(
-    model: nn.Module, run_batch: Callable[[nn.Module], torch.Tensor]
-) -> list[LayerReport]:
+def analyze_model(model: nn.Module, run_batch: Callable[[nn.Module], torch.Tensor]) -> list[LayerReport]:
     """Outlier report of every linear layer (LM head included) for one batch."""
     modules = dict(model.named_modules())
     reports = []

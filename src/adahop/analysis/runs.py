@@ -56,9 +56,7 @@ def read_run(run_dir: str | Path) -> RunRecord:
     config_file = path / "config.toml"
     config = tomllib.loads(config_file.read_text()) if config_file.is_file() else {}
     recipe = config.get("recipe", {})
-    run = RunRecord(
-        path, recipe.get("name", "unknown"), recipe_label(recipe), config.get("training", {}).get("seed")
-    )
+    run = RunRecord(path, recipe.get("name", "unknown"), recipe_label(recipe), config.get("training", {}).get("seed"))
     try:
         records = read_metrics(path)
     except json.JSONDecodeError as e:

@@ -22,7 +22,10 @@ HEADLINES = {
     "gemm": ("gemm_speedup_vs_bf16", "MXFP4 GEMM (the route gemm_route picks) vs cuBLAS BF16, geomean of 4 shapes"),
     "quantize": ("quantize_fraction_of_copy_bw", "fused quantizer, fraction of copy bandwidth"),
     "linear": ("linear_fwd_bwd_speedup_vs_bf16", "AdaHOPLinear fwd+bwd, calibrated lv2 mix vs nn.Linear"),
-    "step": ("train_step_speedup_vs_bf16", "llama3_1b 4x2048 training step, adahop_lv2 vs bf16, best mode of each (tokens/s)"),
+    "step": (
+        "train_step_speedup_vs_bf16",
+        "llama3_1b 4x2048 training step, adahop_lv2 vs bf16, best mode of each (tokens/s)",
+    ),
 }
 # Further figures a section reports next to its headline.
 EXTRA_FIGURES = {
@@ -65,12 +68,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="adahop bench", description=__doc__)
     parser.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated subset of {SECTIONS}")
     parser.add_argument("--out", type=Path, help="write <out>.json and <out>.md")
-    parser.add_argument("--quantize-sweep", action="store_true",
-                        help="time every candidate tiling of the quantizer and report the fastest of each case")
-    parser.add_argument("--step-cases", default="",
-                        help="comma-separated subset of the step cases (e.g. llama3_1b_4x2048); default all")
-    parser.add_argument("--step-runs", default="",
-                        help="comma-separated subset of each step case's runs (e.g. bf16/compile,adahop_lv2/compile+graph)")
+    parser.add_argument(
+        "--quantize-sweep",
+        action="store_true",
+        help="time every candidate tiling of the quantizer and report the fastest of each case",
+    )
+    parser.add_argument(
+        "--step-cases", default="", help="comma-separated subset of the step cases (e.g. llama3_1b_4x2048); default all"
+    )
+    parser.add_argument(
+        "--step-runs",
+        default="",
+        help="comma-separated subset of each step case's runs (e.g. bf16/compile,adahop_lv2/compile+graph)",
+    )
     args = parser.parse_args(argv)
     sections = [s for s in args.only.split(",") if s]
     unknown = sorted(set(sections) - set(SECTIONS))

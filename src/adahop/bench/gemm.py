@@ -181,20 +181,31 @@ def run(error_rows: int = 1024) -> dict:
 def markdown(result: dict) -> list[str]:
     """This section of the bench summary: TFLOP/s per route and shape, and the OE split."""
     lines: list[str] = []
-    lines += ["", "MXFP4 GEMM TFLOP/s (ratio to cuBLAS BF16) per route:", "",
-              "| M, N, K | BF16 | " + " | ".join(ROUTES) + " | fold_fp8 without the fold |",
-              "|---" * (len(ROUTES) + 3) + "|"]
+    lines += [
+        "",
+        "MXFP4 GEMM TFLOP/s (ratio to cuBLAS BF16) per route:",
+        "",
+        "| M, N, K | BF16 | " + " | ".join(ROUTES) + " | fold_fp8 without the fold |",
+        "|---" * (len(ROUTES) + 3) + "|",
+    ]
     for s in result["shapes"]:
-        cells = [f"{e['tflops']:.0f} ({e['ratio_vs_bf16']:.2f}x)" if "tflops" in (e := s["routes"][r])
-                 else "failed" for r in ROUTES]
+        cells = [
+            f"{e['tflops']:.0f} ({e['ratio_vs_bf16']:.2f}x)" if "tflops" in (e := s["routes"][r]) else "failed"
+            for r in ROUTES
+        ]
         excl = s["fold_fp8_gemm_only_fast_accum_True"]["ratio_vs_bf16"]
-        lines.append(f"| {s['M']}, {s['N']}, {s['K']} | {s['bf16_tflops']:.0f} | " + " | ".join(cells)
-                     + f" | {excl:.2f}x |")
+        lines.append(
+            f"| {s['M']}, {s['N']}, {s['K']} | {s['bf16_tflops']:.0f} | " + " | ".join(cells) + f" | {excl:.2f}x |"
+        )
     if "oe_split" in result:
-        lines += ["", "Outlier-extraction split GEMM (k = 64 rows of L or of R in BF16) against the MXFP4 GEMM "
-                  "of the same operands (medians of interleaved rounds):", "",
-                  "| M, N, K | MXFP4 ms (left, right) | OE-left | OE-right | dense-read floor (left, right) |",
-                  "|---|---|---|---|---|"]
+        lines += [
+            "",
+            "Outlier-extraction split GEMM (k = 64 rows of L or of R in BF16) against the MXFP4 GEMM "
+            "of the same operands (medians of interleaved rounds):",
+            "",
+            "| M, N, K | MXFP4 ms (left, right) | OE-left | OE-right | dense-read floor (left, right) |",
+            "|---|---|---|---|---|",
+        ]
         for c in result["oe_split"]:
             left, right = c["oe_left"], c["oe_right"]
             lines.append(

@@ -66,7 +66,8 @@ def calibrated_mlp_plans(steps: int = CALIBRATION_STEPS + 2) -> dict[str, dict[s
         for kind, leaves in kinds.items():
             counts = Counter(
                 tuple(m.votes.plan(table).strategies().values())
-                for name, m in layers.items() if name.rsplit(".", 1)[-1] in leaves
+                for name, m in layers.items()
+                if name.rsplit(".", 1)[-1] in leaves
             )
             chosen[table][kind] = LayerPlan(*counts.most_common(1)[0][0])
     return chosen
@@ -158,11 +159,16 @@ def run(tokens: int = TOKENS, plans: dict[str, dict[str, LayerPlan]] | None = No
 def markdown(result: dict) -> list[str]:
     """This section of the bench summary: speedup and activation compression per shape and plan."""
     lines: list[str] = []
-    lines += ["", "AdaHOPLinear forward+backward at 16k tokens (speedup vs BF16 nn.Linear, "
-              "saved-activation compression):", "", "| shape (in, out) | plan | speedup | activations |",
-              "|---|---|---|---|"]
+    lines += [
+        "",
+        "AdaHOPLinear forward+backward at 16k tokens (speedup vs BF16 nn.Linear, saved-activation compression):",
+        "",
+        "| shape (in, out) | plan | speedup | activations |",
+        "|---|---|---|---|",
+    ]
     for kind, row in result["shapes"].items():
         for name, p in row["plans"].items():
-            lines.append(f"| {kind} | {name} | {p['speedup_vs_bf16']:.2f}x | "
-                         f"{p['saved_activation_compression']:.2f}x |")
+            lines.append(
+                f"| {kind} | {name} | {p['speedup_vs_bf16']:.2f}x | {p['saved_activation_compression']:.2f}x |"
+            )
     return lines

@@ -153,11 +153,18 @@ def run(rows: int = 16384, cols: int = 4096, hadamard_block_size: int = 32, swee
 def markdown(result: dict) -> list[str]:
     """This section of the bench summary: quantizer time and bandwidth per case."""
     lines: list[str] = []
-    lines += ["", f"Fused quantizer at {result['shape'][0]}x{result['shape'][1]} {result['dtype']} (copy: "
-              f"{result['copy_gb_per_s']:.0f} GB/s, read + write):", "",
-              "| orientation | Hadamard | rounding | tiling | kernel ms | of copy |", "|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        f"Fused quantizer at {result['shape'][0]}x{result['shape'][1]} {result['dtype']} (copy: "
+        f"{result['copy_gb_per_s']:.0f} GB/s, read + write):",
+        "",
+        "| orientation | Hadamard | rounding | tiling | kernel ms | of copy |",
+        "|---|---|---|---|---|---|",
+    ]
     for c in result["cases"]:
         t = c["tiling"]
-        lines.append(f"| {c['orientation']} | {c['hadamard_block_size'] or '-'} | {c['rounding']} | "
-                     f"{t['block_m']}x{t['block_n']}/{t['num_warps']}w | {c['ms']:.3f} | {c['fraction_of_copy']:.2f} |")
+        lines.append(
+            f"| {c['orientation']} | {c['hadamard_block_size'] or '-'} | {c['rounding']} | "
+            f"{t['block_m']}x{t['block_n']}/{t['num_warps']}w | {c['ms']:.3f} | {c['fraction_of_copy']:.2f} |"
+        )
     return lines

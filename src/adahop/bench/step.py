@@ -59,10 +59,19 @@ class Case:
 # 10-minute machine call. Any other recipe and mode can be named with --step-runs.
 _HEADLINE = (("bf16", "compile"), ("adahop_lv2", "compile+graph"))
 CASES = (
-    Case("llama3_1b", 4, _HEADLINE + (
-        ("float8_tensorwise", "compile"), ("float8_rowwise", "compile"), ("mxfp4_hadamard", "compile+graph"),
-        ("bf16", "compile+graph"), ("adahop_lv2", "eager"), ("bf16", "eager"),
-    )),
+    Case(
+        "llama3_1b",
+        4,
+        _HEADLINE
+        + (
+            ("float8_tensorwise", "compile"),
+            ("float8_rowwise", "compile"),
+            ("mxfp4_hadamard", "compile+graph"),
+            ("bf16", "compile+graph"),
+            ("adahop_lv2", "eager"),
+            ("bf16", "eager"),
+        ),
+    ),
     Case("llama3_1b", 8, _HEADLINE),
     Case("llama3_3b", 4, _HEADLINE + (("float8_tensorwise", "compile"), ("mxfp4_hadamard", "compile+graph"))),
 )
@@ -148,9 +157,7 @@ def _trainer(recipe: str, preset: str, batch: int, mode: str, out: str):
     cfg = TrainConfig(
         model=ModelConfig(preset),
         data=DataConfig(seq_len=SEQ_LEN, batch_size=batch, vocab_size=VOCAB_SIZE),
-        training=TrainingConfig(
-            steps=1_000_000, device="cuda", compile="compile" in mode, cuda_graph="graph" in mode
-        ),
+        training=TrainingConfig(steps=1_000_000, device="cuda", compile="compile" in mode, cuda_graph="graph" in mode),
         recipe=get_recipe({"name": base, "calibration_steps": CALIBRATION_STEPS}),
         out=out,
     )
@@ -198,8 +205,10 @@ def _one_line(r: dict) -> str:
     if "error" in r:
         return r["error"]
     fams = ", ".join(f"{f} {ms:.1f}" for f, ms in r["profile"]["families_ms"].items())
-    return (f"{r['tokens_per_s']:,.0f} tok/s, step {r['step_ms']:.1f} ms, CUDA {r['profile']['cuda_ms']:.1f} ms, "
-            f"peak {r['peak_allocated_gib']:.1f}/{r['peak_reserved_gib']:.1f} GiB, graph {r['cuda_graph_captured']}; {fams}")
+    return (
+        f"{r['tokens_per_s']:,.0f} tok/s, step {r['step_ms']:.1f} ms, CUDA {r['profile']['cuda_ms']:.1f} ms, "
+        f"peak {r['peak_allocated_gib']:.1f}/{r['peak_reserved_gib']:.1f} GiB, graph {r['cuda_graph_captured']}; {fams}"
+    )
 
 
 def _failure(err: BaseException) -> dict:
@@ -234,8 +243,13 @@ def run_case(case: Case, on_run: Callable[[dict], None] = lambda runs: None) -> 
             if same_mode is not None and "error" not in same_mode:
                 r["speedup_vs_bf16_same_mode"] = r["tokens_per_s"] / same_mode["tokens_per_s"]
                 r["peak_reserved_ratio_vs_bf16_same_mode"] = r["peak_reserved_gib"] / same_mode["peak_reserved_gib"]
-    return {"preset": case.preset, "batch": case.batch, "seq_len": SEQ_LEN, "runs": runs,
-            "best_mode": {recipe: r["mode"] for recipe, r in best.items()}}
+    return {
+        "preset": case.preset,
+        "batch": case.batch,
+        "seq_len": SEQ_LEN,
+        "runs": runs,
+        "best_mode": {recipe: r["mode"] for recipe, r in best.items()},
+    }
 
 
 def best_runs(runs: dict[str, dict]) -> dict[str, dict]:
@@ -262,6 +276,7 @@ def run(cases: tuple[Case, ...] = CASES, partial: Path | None = None) -> dict:
     prepare_data("stdlib", VOCAB_SIZE, progress=False)  # tokenize once; every run reads the cache
     results: dict = {"seq_len": SEQ_LEN, "vocab_size": VOCAB_SIZE, "cases": {}}
     for case in cases:
+
         def save(runs: dict, key: str = case.key) -> None:
             if partial is not None:
                 write_atomic(partial, json.dumps(results | {"partial": {key: runs}}, indent=1))
@@ -297,8 +312,10 @@ def select_cases(keys: list[str], runs: list[str] | None = None) -> tuple[Case, 
         case_key, _, run = name.rpartition(":")
         recipe, _, mode = run.partition("/")
         if recipe not in RECIPES or mode not in MODES or (case_key and case_key not in known):
-            raise ValueError(f"unknown step run {name!r}; write [CASE:]RECIPE/MODE with RECIPE one of {RECIPES}, "
-                             f"MODE one of {MODES} and CASE one of {sorted(known)}")
+            raise ValueError(
+                f"unknown step run {name!r}; write [CASE:]RECIPE/MODE with RECIPE one of {RECIPES}, "
+                f"MODE one of {MODES} and CASE one of {sorted(known)}"
+            )
         parsed.append((case_key, (recipe, mode)))
     return tuple(Case(c.preset, c.batch, tuple(r for k, r in parsed if k in ("", c.key))) for c in cases)
 
@@ -307,12 +324,17 @@ def markdown(step: dict) -> list[str]:
     """This section of the bench summary: one table per case."""
     lines: list[str] = []
     for key, case in step["cases"].items():
-        lines += ["", f"Training steps of `{case['preset']}`, micro-batch {case['batch']} x {case['seq_len']} "
-                  f"(vocabulary {step['vocab_size']}), `adahop train`'s step timed after calibration; "
-                  "speed relative to BF16 in its fastest mode and in the same mode; CUDA ms of one profiled "
-                  "step by kernel family:", "",
-                  "| recipe / mode | tokens/s | vs best bf16 | vs bf16 same mode | step ms | CUDA ms | "
-                  "peak alloc / reserved GiB | CUDA ms by family |", "|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"Training steps of `{case['preset']}`, micro-batch {case['batch']} x {case['seq_len']} "
+            f"(vocabulary {step['vocab_size']}), `adahop train`'s step timed after calibration; "
+            "speed relative to BF16 in its fastest mode and in the same mode; CUDA ms of one profiled "
+            "step by kernel family:",
+            "",
+            "| recipe / mode | tokens/s | vs best bf16 | vs bf16 same mode | step ms | CUDA ms | "
+            "peak alloc / reserved GiB | CUDA ms by family |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for name, r in case["runs"].items():
             if "error" in r:
                 lines.append(f"| {name} | failed: {r['error'][:120]} | | | | | | |")

@@ -16,9 +16,7 @@ from pathlib import Path
 from .sources import FileSource
 
 STDLIB_MAX_BYTES = 16 * 2**20
-EXCLUDED_DIRS = frozenset(
-    {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
-)
+EXCLUDED_DIRS = frozenset({"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"})
 
 
 def _path_hash(relative: Path) -> str:
@@ -53,6 +51,4 @@ def stdlib_source(max_bytes: int = STDLIB_MAX_BYTES) -> FileSource:
     files = stdlib_files(max_bytes)
     size_mb = sum(p.stat().st_size for p in files) / 1e6
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    return FileSource(
-        files, name=f"stdlib (Python {version}, {len(files)} files, {size_mb:.1f} MB)"
-    )
+    return FileSource(files, name=f"stdlib (Python {version}, {len(files)} files, {size_mb:.1f} MB)")

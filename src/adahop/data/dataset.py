@@ -72,9 +72,7 @@ def _write_tokens(source: TextSource, tokenizer: Tokenizer, path: Path, progress
     )
     with bar, atomic_file(path) as f:
         for batch in _batches(source.documents(), ENCODE_BATCH_BYTES):
-            ids = [
-                token for doc in tokenizer.encode_batch(batch) for token in (*doc, tokenizer.eos_id)
-            ]
+            ids = [token for doc in tokenizer.encode_batch(batch) for token in (*doc, tokenizer.eos_id)]
             f.write(np.asarray(ids, dtype=dtype).tobytes())
             n_tokens += len(ids)
             n_docs += len(batch)

@@ -56,9 +56,7 @@ class BatchLoader:
         self._order = self._epoch_order(0)
 
     def _epoch_order(self, epoch: int) -> np.ndarray:
-        return np.random.default_rng([self.seed, epoch]).permutation(
-            num_windows(self.tokens, self.seq_len)
-        )
+        return np.random.default_rng([self.seed, epoch]).permutation(num_windows(self.tokens, self.seq_len))
 
     def __iter__(self) -> BatchLoader:
         return self

@@ -28,10 +28,7 @@ from .cache import content_key
 TEXT_FIELD = "text"
 HF_PREFIX = "hf:"
 HF_MAX_BYTES = 2**30  # text read from a streamed dataset: about 250M tokens
-DATA_SPEC_HELP = (
-    "--data takes a .txt, .py, .jsonl or .parquet file, a directory or glob of them, "
-    "or hf:NAME[:CONFIG]"
-)
+DATA_SPEC_HELP = "--data takes a .txt, .py, .jsonl or .parquet file, a directory or glob of them, or hf:NAME[:CONFIG]"
 
 
 class DataSourceError(ValueError):
@@ -76,7 +73,9 @@ def decode_text(data: bytes, where: Path | str, first_line: int = 1) -> str:
         ) from None
     if "\x00" in text:
         line = first_line + text.count("\n", 0, text.index("\x00"))
-        raise DataSourceError(f"{where}:{line}: a NUL byte: this looks like a binary file, not text; leave it out of --data")
+        raise DataSourceError(
+            f"{where}:{line}: a NUL byte: this looks like a binary file, not text; leave it out of --data"
+        )
     return text
 
 
@@ -139,8 +138,7 @@ class FileSource(TextSource):
         unsupported = [str(p) for p in paths if p.suffix not in READERS]
         if unsupported:
             raise DataSourceError(
-                f"unsupported file type: {', '.join(unsupported[:3])}; "
-                f"supported suffixes: {', '.join(READERS)}"
+                f"unsupported file type: {', '.join(unsupported[:3])}; supported suffixes: {', '.join(READERS)}"
             )
         self.paths = paths
         self.name = name or (str(paths[0]) if len(paths) == 1 else f"{len(paths)} files")
@@ -179,17 +177,13 @@ class HFSource(TextSource):
         self.name = HF_PREFIX + path + (f":{config}" if config else "")
 
     def fingerprint(self) -> str:
-        return content_key(
-            "hf", self.path, self.config, self.split, self.data_files, self.max_bytes
-        )
+        return content_key("hf", self.path, self.config, self.split, self.data_files, self.max_bytes)
 
     def documents(self) -> Iterator[str]:
         try:
             import datasets
         except ImportError:
-            raise DataSourceError(
-                f"--data {self.name} needs Hugging Face datasets: pip install datasets"
-            ) from None
+            raise DataSourceError(f"--data {self.name} needs Hugging Face datasets: pip install datasets") from None
         try:
             rows = datasets.load_dataset(
                 self.path, self.config, split=self.split, data_files=self.data_files, streaming=True
@@ -207,9 +201,7 @@ class HFSource(TextSource):
     def _texts(self, rows: Iterable[dict]) -> Iterator[str]:
         for index, row in enumerate(rows):
             if TEXT_FIELD not in row:
-                raise DataSourceError(
-                    f"{self.name}: no {TEXT_FIELD!r} column (columns: {', '.join(row)})"
-                )
+                raise DataSourceError(f"{self.name}: no {TEXT_FIELD!r} column (columns: {', '.join(row)})")
             if doc := as_document(row[TEXT_FIELD], f"{self.name}: row {index}"):
                 yield doc
 
@@ -229,9 +221,7 @@ def _expand_paths(spec: str) -> list[Path]:
     if path.is_dir():
         paths = sorted(p for p in path.rglob("*") if p.suffix in READERS and p.is_file())
         if not paths:
-            raise DataSourceError(
-                f"--data {spec!r}: no {', '.join(READERS)} files in this directory"
-            )
+            raise DataSourceError(f"--data {spec!r}: no {', '.join(READERS)} files in this directory")
         return paths
     raise DataSourceError(f"--data {spec!r}: no such file or directory; {DATA_SPEC_HELP}")
 

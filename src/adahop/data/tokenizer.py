@@ -59,9 +59,7 @@ class Tokenizer:
         return self._bpe.decode(list(ids), skip_special_tokens=False)
 
 
-def train_tokenizer(
-    texts: Iterable[str], vocab_size: int, show_progress: bool = False
-) -> Tokenizer:
+def train_tokenizer(texts: Iterable[str], vocab_size: int, show_progress: bool = False) -> Tokenizer:
     """Train a byte-level BPE with ``EOS_TOKEN`` as token 0."""
     bpe = tokenizers.Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -91,9 +89,7 @@ def load_tokenizer(
         except Exception as e:  # the tokenizers library raises a bare Exception for a bad file
             log.warning("warning: cached tokenizer %s is damaged (%s); training it again", path, e)
     remove_stale_temp_files(path.parent)
-    tokenizer = train_tokenizer(
-        take_bytes(source.documents(), TOKENIZER_TRAIN_BYTES), vocab_size, show_progress
-    )
+    tokenizer = train_tokenizer(take_bytes(source.documents(), TOKENIZER_TRAIN_BYTES), vocab_size, show_progress)
     with atomic_file(path) as f:
         f.write(tokenizer.to_json().encode())
     return tokenizer

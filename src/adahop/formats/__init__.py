@@ -6,6 +6,12 @@ from .spec import DEFAULT_SPEC, QuantSpec
 from .tiles import quantize_mx_tiles
 
 __all__ = [
-    "DEFAULT_SPEC", "ELEMENT_FORMATS", "ROUNDING_MODES", "SCALE_RULES", "MXTensor", "QuantSpec", "quantize_mx",
+    "DEFAULT_SPEC",
+    "ELEMENT_FORMATS",
+    "ROUNDING_MODES",
+    "SCALE_RULES",
+    "MXTensor",
+    "QuantSpec",
+    "quantize_mx",
     "quantize_mx_tiles",
 ]

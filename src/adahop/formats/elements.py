@@ -16,6 +16,7 @@ from .philox import NOISE_BITS
 
 NOISE_SCALE = float(2**NOISE_BITS)  # stochastic-rounding noise is n / NOISE_SCALE, n an integer
 
+
 @dataclass(frozen=True)
 class ElementFormat:
     """A sign-exponent-mantissa element type without Inf/NaN codes in MX use (saturating)."""
@@ -53,9 +54,7 @@ def element_quantum(absval: torch.Tensor, fmt: ElementFormat) -> torch.Tensor:
     return torch.ldexp(torch.ones_like(absval), e - fmt.mbits)
 
 
-def round_to_element(
-    v: torch.Tensor, fmt: ElementFormat, noise: torch.Tensor | None = None
-) -> torch.Tensor:
+def round_to_element(v: torch.Tensor, fmt: ElementFormat, noise: torch.Tensor | None = None) -> torch.Tensor:
     """Round float32 ``v`` (already divided by the block scale) onto ``fmt``'s grid.
 
     ``noise is None``: round-to-nearest-even. Otherwise stochastic rounding,

@@ -147,7 +147,9 @@ def quantize_mx_fast(
         quantum = _exp2_bits(exponent.sub_(efmt.mbits))
         values = torch.clamp(steps.sub_(offset).to(torch.float32).mul_(quantum), max=efmt.max_normal)
         data = encode_fp8(torch.copysign(values, blocks), efmt)
-    return MXTensor(_storage_order(data, p, q, other), _storage_order(codes_e8m0, p, q, other), fmt, axis, block_size, x.shape)
+    return MXTensor(
+        _storage_order(data, p, q, other), _storage_order(codes_e8m0, p, q, other), fmt, axis, block_size, x.shape
+    )
 
 
 def _storage_order(t: torch.Tensor, p: int, q: int, other: tuple[int, ...]) -> torch.Tensor:

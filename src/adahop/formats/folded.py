@@ -20,8 +20,12 @@ def folds_directly(x: torch.Tensor, *, fmt: str, block_size: int, hadamard_block
     cases): a row-major 2-D float matrix, MXFP4 with blocks of 32 filling its rows, no Hadamard or
     a 32-point one."""
     return (
-        fmt == "mxfp4" and block_size == FOLD_BLOCK and hadamard_block_size in (0, FOLD_BLOCK) and x.dim() == 2
-        and x.shape[1] % FOLD_BLOCK == 0 and x.stride(1) == 1
+        fmt == "mxfp4"
+        and block_size == FOLD_BLOCK
+        and hadamard_block_size in (0, FOLD_BLOCK)
+        and x.dim() == 2
+        and x.shape[1] % FOLD_BLOCK == 0
+        and x.stride(1) == 1
         and x.dtype in (torch.bfloat16, torch.float16, torch.float32)
     )
 

@@ -115,7 +115,9 @@ def check_quantize_args(
     if x.dim() == 0:
         raise ValueError("quantize_mx needs at least one dimension")
     if not -x.dim() <= axis < x.dim():
-        raise IndexError(f"quantize_mx: axis {axis} is out of range for a {x.dim()}-D tensor (expected -{x.dim()} to {x.dim() - 1})")
+        raise IndexError(
+            f"quantize_mx: axis {axis} is out of range for a {x.dim()}-D tensor (expected -{x.dim()} to {x.dim() - 1})"
+        )
     if fmt not in ELEMENT_FORMATS:
         raise ValueError(f"unknown MX format {fmt!r}; choose one of {tuple(ELEMENT_FORMATS)}")
     if scale_rule not in SCALE_RULES:

@@ -112,7 +112,9 @@ def noise_runs(seed: int, counters: torch.Tensor, dim: int = -1) -> torch.Tensor
     torch.bitwise_right_shift(words[3], 32, out=words[2]).bitwise_xor_(c3).bitwise_xor_(keys[-1][1])
     dim = dim % (counters.dim() + 1)
     words = words.to(torch.int32).movedim(0, dim)
-    out = torch.empty((*words.shape[: dim + 1], VALUES_PER_WORD, *words.shape[dim + 1 :]), dtype=torch.int32, device=counters.device)
+    out = torch.empty(
+        (*words.shape[: dim + 1], VALUES_PER_WORD, *words.shape[dim + 1 :]), dtype=torch.int32, device=counters.device
+    )
     torch.bitwise_and(words, 0xFFFF, out=out.select(dim + 1, 0))
     torch.bitwise_right_shift(words, NOISE_BITS, out=out.select(dim + 1, 1)).bitwise_and_(0xFFFF)
     return out.view(*counters.shape[:dim], VALUES_PER_CALL, *counters.shape[dim:])

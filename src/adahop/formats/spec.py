@@ -33,8 +33,10 @@ class QuantSpec:
         if self.hadamard_signs is not None and not self.hadamard_block_size:
             raise ValueError("hadamard_signs are only used with a hadamard_block_size")
         # Built once here, not per GEMM: strategies that skip the transform ask for it every call.
-        plain = self if not self.hadamard_block_size else dataclasses.replace(
-            self, hadamard_block_size=0, hadamard_signs=None
+        plain = (
+            self
+            if not self.hadamard_block_size
+            else dataclasses.replace(self, hadamard_block_size=0, hadamard_signs=None)
         )
         object.__setattr__(self, "_unrotated", plain)
 

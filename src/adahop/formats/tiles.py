@@ -48,7 +48,11 @@ def quantize_mx_tiles(
         pack_codes(codes[:rows], efmt), scales.repeat_interleave(t, dim=0)[:rows].contiguous(), fmt, 1, t, x.shape
     )
     along_cols = MXTensor(
-        pack_codes(codes.t()[:cols], efmt), scales.t().repeat_interleave(t, dim=0)[:cols].contiguous(), fmt, 0, t,
+        pack_codes(codes.t()[:cols], efmt),
+        scales.t().repeat_interleave(t, dim=0)[:cols].contiguous(),
+        fmt,
+        0,
+        t,
         x.shape,
     )
     return along_rows, along_cols

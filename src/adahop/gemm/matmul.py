@@ -16,8 +16,9 @@ from ..formats.folded import FoldedFP8
 from .operand import GemmOperand
 
 
-def _main_product(lq: MXTensor | FoldedFP8 | torch.Tensor, rq: MXTensor | FoldedFP8 | torch.Tensor,
-                  out_dtype: torch.dtype) -> torch.Tensor:
+def _main_product(
+    lq: MXTensor | FoldedFP8 | torch.Tensor, rq: MXTensor | FoldedFP8 | torch.Tensor, out_dtype: torch.dtype
+) -> torch.Tensor:
     if isinstance(lq, FoldedFP8) or isinstance(rq, FoldedFP8):
         return ops.folded_matmul(lq, rq, out_dtype)
     if isinstance(lq, MXTensor):

@@ -110,9 +110,7 @@ def prepare_operand(
     strategy = Strategy(strategy)
     if strategy is Strategy.BF16:
         return GemmOperand(dense=t)
-    extracts_here = (strategy is Strategy.OE_LEFT and side == "L") or (
-        strategy is Strategy.OE_RIGHT and side == "R"
-    )
+    extracts_here = (strategy is Strategy.OE_LEFT and side == "L") or (strategy is Strategy.OE_RIGHT and side == "R")
     extracts_other = strategy in (Strategy.OE_LEFT, Strategy.OE_RIGHT) and not extracts_here
     rotate = strategy is not Strategy.MXFP4
     op = GemmOperand(dense=t if extracts_other else None)

@@ -219,8 +219,10 @@ def fold_to_fp8(mx: MXTensor, config: FoldConfig = FoldConfig()) -> FoldedFP8:
     """Fold an [R, K] MXFP4 matrix (blocks along K) into E4M3 data and per-row scales."""
     check_fold_operand(mx)
     if not (mx.device.type == "cuda" or INTERPRET):
-        raise RuntimeError(f"fold_to_fp8 runs on CUDA (or under TRITON_INTERPRET=1), got a tensor on {mx.device}; "
-                           "use fold_to_fp8_reference, or adahop.ops.fold_fp8 which picks one")
+        raise RuntimeError(
+            f"fold_to_fp8 runs on CUDA (or under TRITON_INTERPRET=1), got a tensor on {mx.device}; "
+            "use fold_to_fp8_reference, or adahop.ops.fold_fp8 which picks one"
+        )
     if mx.block_size % (2 * PIECE_BYTES):
         raise ValueError(f"fold_to_fp8 needs blocks of a multiple of {2 * PIECE_BYTES} elements, got {mx.block_size}")
     n_rows, n_blocks = mx.scales.shape

@@ -88,8 +88,7 @@ def exponent_field(bits):
 
 
 @triton.jit
-def shared_exponent(amax_bits, RULE: tl.constexpr, EMAX: tl.constexpr, MAX_NORMAL: tl.constexpr,
-                    MBITS: tl.constexpr):
+def shared_exponent(amax_bits, RULE: tl.constexpr, EMAX: tl.constexpr, MAX_NORMAL: tl.constexpr, MBITS: tl.constexpr):
     """E8M0 exponent of finite block maxima given as float32 bits, as in ``formats.scales``."""
     if RULE == "floor":
         s = exponent_field(amax_bits) - EMAX
@@ -150,8 +149,7 @@ def philox_noise_runs(seed, counters):
 
 
 @triton.jit
-def encode_elements(y, noise, limit, sign_weight, STOCHASTIC: tl.constexpr, MBITS: tl.constexpr,
-                    EMIN: tl.constexpr):
+def encode_elements(y, noise, limit, sign_weight, STOCHASTIC: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr):
     """Element codes (uint32) of finite float32 ``y`` already divided by the block scale.
 
     Rounds ``|y| / quantum`` to an integer number of steps (nearest-even, or ``floor(steps +

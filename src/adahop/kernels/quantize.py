@@ -41,7 +41,14 @@ import triton.language as tl
 from ..formats.elements import ElementFormat, encode_e2m1, encode_fp8
 from ..formats.mx import ELEMENT_FORMATS, MXTensor, check_quantize_args, storage_shapes
 from ..transforms.hadamard import check_hadamard_args
-from .mx_math import encode_e2m1_nearest, encode_elements, max_keeping_nan, philox_noise_runs, round_to_input_dtype, walsh_hadamard_butterfly
+from .mx_math import (
+    encode_e2m1_nearest,
+    encode_elements,
+    max_keeping_nan,
+    philox_noise_runs,
+    round_to_input_dtype,
+    walsh_hadamard_butterfly,
+)
 from .launch import cdiv
 from .quantize_blocks import block_scales, quantize_tile, row_blocks, row_word, to_float32
 from .quantize_tiling import GENERAL_COLWISE_TILING, QuantizeTiling, default_tiling
@@ -49,15 +56,40 @@ from .quantize_tiling import GENERAL_COLWISE_TILING, QuantizeTiling, default_til
 
 @triton.jit
 def _quantize_mx_kernel(
-    x_ptr, signs_ptr, row_data_ptr, row_scale_ptr, col_data_ptr, col_scale_ptr,
-    M, N, stride_m, stride_n, m_padded, n_padded, seed_ptr, hadamard_scale,
-    ROWWISE: tl.constexpr, COLWISE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    INPUT_BF16: tl.constexpr, ROUND_TO: tl.constexpr, NATIVE_CASTS: tl.constexpr,
-    HADAMARD: tl.constexpr, HADAMARD_STAGES: tl.constexpr, HAS_SIGNS: tl.constexpr,
+    x_ptr,
+    signs_ptr,
+    row_data_ptr,
+    row_scale_ptr,
+    col_data_ptr,
+    col_scale_ptr,
+    M,
+    N,
+    stride_m,
+    stride_n,
+    m_padded,
+    n_padded,
+    seed_ptr,
+    hadamard_scale,
+    ROWWISE: tl.constexpr,
+    COLWISE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    INPUT_BF16: tl.constexpr,
+    ROUND_TO: tl.constexpr,
+    NATIVE_CASTS: tl.constexpr,
+    HADAMARD: tl.constexpr,
+    HADAMARD_STAGES: tl.constexpr,
+    HAS_SIGNS: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
-    RULE: tl.constexpr, STOCHASTIC: tl.constexpr, EMAX: tl.constexpr, EMIN: tl.constexpr,
-    MBITS: tl.constexpr, MAX_NORMAL: tl.constexpr, MAX_CODE: tl.constexpr,
-    ELEMENT_BITS: tl.constexpr, CODES_PER_UNIT: tl.constexpr,
+    RULE: tl.constexpr,
+    STOCHASTIC: tl.constexpr,
+    EMAX: tl.constexpr,
+    EMIN: tl.constexpr,
+    MBITS: tl.constexpr,
+    MAX_NORMAL: tl.constexpr,
+    MAX_CODE: tl.constexpr,
+    ELEMENT_BITS: tl.constexpr,
+    CODES_PER_UNIT: tl.constexpr,
 ):
     seed = tl.load(seed_ptr)
     row_start = tl.program_id(0) * BLOCK_M
@@ -71,31 +103,90 @@ def _quantize_mx_kernel(
     # Triton's compiler takes keyword arguments but no ``**`` unpacking: each call spells them out.
     if ROWWISE:
         quantize_tile(
-            to_float32(x, INPUT_BF16), row_start=row_start, col_start=col_start, n_rows=M, length=N,
-            padded_len=n_padded, data_ptr=row_data_ptr, scale_ptr=row_scale_ptr, signs_ptr=signs_ptr, seed=seed, hadamard_scale=hadamard_scale,
-            ROUND_TO=ROUND_TO, NATIVE_CASTS=NATIVE_CASTS, HADAMARD=HADAMARD, HADAMARD_STAGES=HADAMARD_STAGES,
-            HAS_SIGNS=HAS_SIGNS, BLOCK_SIZE=BLOCK_SIZE, RULE=RULE, STOCHASTIC=STOCHASTIC, EMAX=EMAX, EMIN=EMIN,
-            MBITS=MBITS, MAX_NORMAL=MAX_NORMAL, MAX_CODE=MAX_CODE, ELEMENT_BITS=ELEMENT_BITS,
+            to_float32(x, INPUT_BF16),
+            row_start=row_start,
+            col_start=col_start,
+            n_rows=M,
+            length=N,
+            padded_len=n_padded,
+            data_ptr=row_data_ptr,
+            scale_ptr=row_scale_ptr,
+            signs_ptr=signs_ptr,
+            seed=seed,
+            hadamard_scale=hadamard_scale,
+            ROUND_TO=ROUND_TO,
+            NATIVE_CASTS=NATIVE_CASTS,
+            HADAMARD=HADAMARD,
+            HADAMARD_STAGES=HADAMARD_STAGES,
+            HAS_SIGNS=HAS_SIGNS,
+            BLOCK_SIZE=BLOCK_SIZE,
+            RULE=RULE,
+            STOCHASTIC=STOCHASTIC,
+            EMAX=EMAX,
+            EMIN=EMIN,
+            MBITS=MBITS,
+            MAX_NORMAL=MAX_NORMAL,
+            MAX_CODE=MAX_CODE,
+            ELEMENT_BITS=ELEMENT_BITS,
             CODES_PER_UNIT=CODES_PER_UNIT,
         )
     if COLWISE:  # the transposed tile (the raw input: half the bytes to move for 16-bit inputs)
         quantize_tile(
-            to_float32(tl.trans(x), INPUT_BF16), row_start=col_start, col_start=row_start, n_rows=N, length=M,
-            padded_len=m_padded, data_ptr=col_data_ptr, scale_ptr=col_scale_ptr, signs_ptr=signs_ptr, seed=seed, hadamard_scale=hadamard_scale,
-            ROUND_TO=ROUND_TO, NATIVE_CASTS=NATIVE_CASTS, HADAMARD=HADAMARD, HADAMARD_STAGES=HADAMARD_STAGES,
-            HAS_SIGNS=HAS_SIGNS, BLOCK_SIZE=BLOCK_SIZE, RULE=RULE, STOCHASTIC=STOCHASTIC, EMAX=EMAX, EMIN=EMIN,
-            MBITS=MBITS, MAX_NORMAL=MAX_NORMAL, MAX_CODE=MAX_CODE, ELEMENT_BITS=ELEMENT_BITS,
+            to_float32(tl.trans(x), INPUT_BF16),
+            row_start=col_start,
+            col_start=row_start,
+            n_rows=N,
+            length=M,
+            padded_len=m_padded,
+            data_ptr=col_data_ptr,
+            scale_ptr=col_scale_ptr,
+            signs_ptr=signs_ptr,
+            seed=seed,
+            hadamard_scale=hadamard_scale,
+            ROUND_TO=ROUND_TO,
+            NATIVE_CASTS=NATIVE_CASTS,
+            HADAMARD=HADAMARD,
+            HADAMARD_STAGES=HADAMARD_STAGES,
+            HAS_SIGNS=HAS_SIGNS,
+            BLOCK_SIZE=BLOCK_SIZE,
+            RULE=RULE,
+            STOCHASTIC=STOCHASTIC,
+            EMAX=EMAX,
+            EMIN=EMIN,
+            MBITS=MBITS,
+            MAX_NORMAL=MAX_NORMAL,
+            MAX_CODE=MAX_CODE,
+            ELEMENT_BITS=ELEMENT_BITS,
             CODES_PER_UNIT=CODES_PER_UNIT,
         )
 
 
 @triton.jit
 def _quantize_rows_kernel(
-    x_ptr, signs_ptr, data_ptr, scale_ptr, M, N, stride_m, n_padded, seed_ptr, hadamard_scale,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HADAMARD: tl.constexpr, INPUT_BF16: tl.constexpr,
-    ROUND_TO: tl.constexpr, NATIVE_CASTS: tl.constexpr, HAS_SIGNS: tl.constexpr,
-    RULE: tl.constexpr, STOCHASTIC: tl.constexpr, EMAX: tl.constexpr, EMIN: tl.constexpr,
-    MBITS: tl.constexpr, MAX_NORMAL: tl.constexpr, MAX_CODE: tl.constexpr,
+    x_ptr,
+    signs_ptr,
+    data_ptr,
+    scale_ptr,
+    M,
+    N,
+    stride_m,
+    n_padded,
+    seed_ptr,
+    hadamard_scale,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HADAMARD: tl.constexpr,
+    INPUT_BF16: tl.constexpr,
+    ROUND_TO: tl.constexpr,
+    NATIVE_CASTS: tl.constexpr,
+    HAS_SIGNS: tl.constexpr,
+    RULE: tl.constexpr,
+    STOCHASTIC: tl.constexpr,
+    EMAX: tl.constexpr,
+    EMIN: tl.constexpr,
+    MBITS: tl.constexpr,
+    MAX_NORMAL: tl.constexpr,
+    MAX_CODE: tl.constexpr,
 ):
     """Row-wise MXFP4 (block 32, optional 32-point Hadamard): the forward and dgrad operands.
 
@@ -111,8 +202,24 @@ def _quantize_rows_kernel(
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     blocks = tl.program_id(1) * NB + tl.arange(0, NB)
     v0, v1, v2, v3, inv_scale, limit, sign_weight, scale_codes = row_blocks(
-        x_ptr, signs_ptr, rows, blocks, M, N, stride_m, hadamard_scale, HADAMARD, INPUT_BF16, ROUND_TO,
-        NATIVE_CASTS, HAS_SIGNS, RULE, EMAX, MAX_NORMAL, MBITS, MAX_CODE,
+        x_ptr,
+        signs_ptr,
+        rows,
+        blocks,
+        M,
+        N,
+        stride_m,
+        hadamard_scale,
+        HADAMARD,
+        INPUT_BF16,
+        ROUND_TO,
+        NATIVE_CASTS,
+        HAS_SIGNS,
+        RULE,
+        EMAX,
+        MAX_NORMAL,
+        MBITS,
+        MAX_CODE,
     )
 
     # Word w of a row holds elements 8w..8w+7; its index is also their Philox counter.
@@ -123,7 +230,7 @@ def _quantize_rows_kernel(
     w2 = row_word(v2, inv_scale, limit, sign_weight, word0 + 2, seed, STOCHASTIC, MBITS, EMIN)
     w3 = row_word(v3, inv_scale, limit, sign_weight, word0 + 3, seed, STOCHASTIC, MBITS, EMIN)
     words = tl.reshape(tl.join(tl.join(w0, w2), tl.join(w1, w3)), [BLOCK_M, NB, 4])  # w0 w1 w2 w3
-    ok = ((rows < M)[:, None] & (blocks < n_blocks)[None, :])
+    ok = (rows < M)[:, None] & (blocks < n_blocks)[None, :]
     tl.store(data_ptr + word0[:, :, None] + tl.arange(0, 4)[None, None, :], words, mask=ok[:, :, None])
 
     tl.store(scale_ptr + rows.to(tl.int64)[:, None] * n_blocks + blocks[None, :], scale_codes, mask=ok)
@@ -131,11 +238,29 @@ def _quantize_rows_kernel(
 
 @triton.jit
 def _quantize_cols_kernel(
-    x_ptr, signs_ptr, data_ptr, scale_ptr, M, N, stride_m, m_padded, seed_ptr, hadamard_scale,
-    BLOCK_N: tl.constexpr, HADAMARD: tl.constexpr, INPUT_BF16: tl.constexpr,
-    ROUND_TO: tl.constexpr, NATIVE_CASTS: tl.constexpr, HAS_SIGNS: tl.constexpr,
-    RULE: tl.constexpr, STOCHASTIC: tl.constexpr, EMAX: tl.constexpr, EMIN: tl.constexpr,
-    MBITS: tl.constexpr, MAX_NORMAL: tl.constexpr, MAX_CODE: tl.constexpr,
+    x_ptr,
+    signs_ptr,
+    data_ptr,
+    scale_ptr,
+    M,
+    N,
+    stride_m,
+    m_padded,
+    seed_ptr,
+    hadamard_scale,
+    BLOCK_N: tl.constexpr,
+    HADAMARD: tl.constexpr,
+    INPUT_BF16: tl.constexpr,
+    ROUND_TO: tl.constexpr,
+    NATIVE_CASTS: tl.constexpr,
+    HAS_SIGNS: tl.constexpr,
+    RULE: tl.constexpr,
+    STOCHASTIC: tl.constexpr,
+    EMAX: tl.constexpr,
+    EMIN: tl.constexpr,
+    MBITS: tl.constexpr,
+    MAX_NORMAL: tl.constexpr,
+    MAX_CODE: tl.constexpr,
 ):
     """Column-wise MXFP4 (blocks of 32 down a column, optional 32-point Hadamard): the wgrad
     operands and dgrad's Wᵀ.
@@ -207,15 +332,24 @@ class _LaunchPlan:
     constexprs: dict
 
 
-def common_constexprs(dtype: torch.dtype, on_cuda: bool, fmt: str, scale_rule: str, rounding: str,
-                      has_signs: bool) -> dict:
+def common_constexprs(
+    dtype: torch.dtype, on_cuda: bool, fmt: str, scale_rule: str, rounding: str, has_signs: bool
+) -> dict:
     """Compile-time arguments every quantize kernel takes: input handling, scale rule, rounding
     and the element format's facts."""
     efmt = ELEMENT_FORMATS[fmt]
     return dict(
-        INPUT_BF16=dtype == torch.bfloat16, ROUND_TO={torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, ""),
-        NATIVE_CASTS=on_cuda, HAS_SIGNS=has_signs, RULE=scale_rule, STOCHASTIC=rounding == "stochastic",
-        EMAX=efmt.emax, EMIN=efmt.emin, MBITS=efmt.mbits, MAX_NORMAL=efmt.max_normal, MAX_CODE=_max_code(efmt),
+        INPUT_BF16=dtype == torch.bfloat16,
+        ROUND_TO={torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, ""),
+        NATIVE_CASTS=on_cuda,
+        HAS_SIGNS=has_signs,
+        RULE=scale_rule,
+        STOCHASTIC=rounding == "stochastic",
+        EMAX=efmt.emax,
+        EMIN=efmt.emin,
+        MBITS=efmt.mbits,
+        MAX_NORMAL=efmt.max_normal,
+        MAX_CODE=_max_code(efmt),
     )
 
 
@@ -239,9 +373,20 @@ def seed_pointer(device: torch.device, seed: int | torch.Tensor | None) -> torch
 
 @functools.lru_cache(maxsize=4096)
 def _launch_plan(
-    M: int, N: int, dtype: torch.dtype, strides: tuple[int, int], on_cuda: bool, fmt: str,
-    rowwise: bool, colwise: bool, block_size: int, scale_rule: str, rounding: str, hb: int,
-    signs_shape: tuple[int, ...] | None, tiling: QuantizeTiling | None,
+    M: int,
+    N: int,
+    dtype: torch.dtype,
+    strides: tuple[int, int],
+    on_cuda: bool,
+    fmt: str,
+    rowwise: bool,
+    colwise: bool,
+    block_size: int,
+    scale_rule: str,
+    rounding: str,
+    hb: int,
+    signs_shape: tuple[int, ...] | None,
+    tiling: QuantizeTiling | None,
 ) -> _LaunchPlan:
     if block_size & (block_size - 1):
         raise ValueError(f"the fused quantizer needs a power-of-two block_size, got {block_size}")
@@ -262,8 +407,11 @@ def _launch_plan(
     orientation = "both" if rowwise and colwise else "rowwise" if rowwise else "colwise"
     if tiling is None:
         general_colwise = kernel is None and orientation == "colwise" and on_cuda
-        tiling = GENERAL_COLWISE_TILING if general_colwise else default_tiling(
-            orientation, torch.device("cuda" if on_cuda else "cpu"), bool(hb))
+        tiling = (
+            GENERAL_COLWISE_TILING
+            if general_colwise
+            else default_tiling(orientation, torch.device("cuda" if on_cuda else "cpu"), bool(hb))
+        )
     whole_blocks = max(block_size, hb)  # a tile's block axis holds whole MX and Hadamard blocks
     tiling = tiling.fit(whole_blocks if colwise else 1, whole_blocks if rowwise else 1)
 
@@ -288,15 +436,26 @@ def _launch_plan(
         sizes = dict(M=M, N=N, stride_m=strides[0], stride_n=strides[1], m_padded=m_padded, n_padded=n_padded)
         outputs = (("row_data_ptr", "row_scale_ptr"), ("col_data_ptr", "col_scale_ptr"))
         constexprs.update(
-            ROWWISE=rowwise, COLWISE=colwise, BLOCK_M=tiling.block_m, BLOCK_N=tiling.block_n,
-            HADAMARD=hb, HADAMARD_STAGES=max(hb.bit_length() - 1, 0), BLOCK_SIZE=block_size,
-            ELEMENT_BITS=efmt.bits, CODES_PER_UNIT=per_unit,
+            ROWWISE=rowwise,
+            COLWISE=colwise,
+            BLOCK_M=tiling.block_m,
+            BLOCK_N=tiling.block_n,
+            HADAMARD=hb,
+            HADAMARD_STAGES=max(hb.bit_length() - 1, 0),
+            BLOCK_SIZE=block_size,
+            ELEMENT_BITS=efmt.bits,
+            CODES_PER_UNIT=per_unit,
         )
     return _LaunchPlan(
-        kernel, grid,
+        kernel,
+        grid,
         storage_shapes(M, N, fmt, block_size) if rowwise else None,
         storage_shapes(N, M, fmt, block_size) if colwise else None,
-        per_unit * efmt.bits == 32, sizes, outputs, hadamard_scale, constexprs,
+        per_unit * efmt.bits == 32,
+        sizes,
+        outputs,
+        hadamard_scale,
+        constexprs,
     )
 
 
@@ -319,8 +478,20 @@ def _quantize(
         raise ValueError(f"the fused quantizer takes 2-D tensors, got shape {tuple(x.shape)}")
     M, N = x.shape
     plan = _launch_plan(
-        M, N, x.dtype, x.stride(), x.is_cuda, fmt, rowwise, colwise, block_size, scale_rule, rounding,
-        hadamard_block_size, None if signs is None else tuple(signs.shape), tiling,
+        M,
+        N,
+        x.dtype,
+        x.stride(),
+        x.is_cuda,
+        fmt,
+        rowwise,
+        colwise,
+        block_size,
+        scale_rule,
+        rounding,
+        hadamard_block_size,
+        None if signs is None else tuple(signs.shape),
+        tiling,
     )
     args = dict(
         x_ptr=x.view(torch.int16) if x.dtype == torch.bfloat16 else x,
@@ -367,9 +538,17 @@ def quantize_mx_triton(
         raise ValueError(f"axis must be one of (-2, -1, 0, 1) for a 2-D tensor, got {axis}")
     rowwise = axis % 2 == 1
     row, col = _quantize(
-        x, fmt, rowwise=rowwise, colwise=not rowwise, block_size=block_size,
-        scale_rule=scale_rule, rounding=rounding, seed=seed,
-        hadamard_block_size=hadamard_block_size, signs=signs, tiling=tiling,
+        x,
+        fmt,
+        rowwise=rowwise,
+        colwise=not rowwise,
+        block_size=block_size,
+        scale_rule=scale_rule,
+        rounding=rounding,
+        seed=seed,
+        hadamard_block_size=hadamard_block_size,
+        signs=signs,
+        tiling=tiling,
     )
     return row if rowwise else col
 
@@ -388,7 +567,15 @@ def quantize_mx_triton_both(
 ) -> tuple[MXTensor, MXTensor]:
     """``(quantize_mx_triton(x, axis=1, ...), quantize_mx_triton(x, axis=0, ...))``, one read."""
     return _quantize(
-        x, fmt, rowwise=True, colwise=True, block_size=block_size, scale_rule=scale_rule,
-        rounding=rounding, seed=seed, hadamard_block_size=hadamard_block_size, signs=signs,
+        x,
+        fmt,
+        rowwise=True,
+        colwise=True,
+        block_size=block_size,
+        scale_rule=scale_rule,
+        rounding=rounding,
+        seed=seed,
+        hadamard_block_size=hadamard_block_size,
+        signs=signs,
         tiling=tiling,
     )

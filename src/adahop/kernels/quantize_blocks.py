@@ -29,8 +29,16 @@ from .mx_math import (
 
 
 @triton.jit
-def block_scales(amax_bits, finite, RULE: tl.constexpr, EMAX: tl.constexpr, MAX_NORMAL: tl.constexpr,
-                  MBITS: tl.constexpr, MAX_CODE: tl.constexpr, ELEMENT_BITS: tl.constexpr):
+def block_scales(
+    amax_bits,
+    finite,
+    RULE: tl.constexpr,
+    EMAX: tl.constexpr,
+    MAX_NORMAL: tl.constexpr,
+    MBITS: tl.constexpr,
+    MAX_CODE: tl.constexpr,
+    ELEMENT_BITS: tl.constexpr,
+):
     """Per block, from its maximum's float32 bits: ``2**-s`` (s <= 126 for every finite amax, so a
     normal number), the code limit and the sign weight (both 0 for a NaN/Inf block, whose element
     codes become 0) and the E8M0 code (255 for NaN/Inf)."""
@@ -43,13 +51,32 @@ def block_scales(amax_bits, finite, RULE: tl.constexpr, EMAX: tl.constexpr, MAX_
 
 @triton.jit
 def quantize_tile(
-    v, row_start, col_start, n_rows, length, padded_len,
-    data_ptr, scale_ptr, signs_ptr, seed, hadamard_scale,
-    ROUND_TO: tl.constexpr, NATIVE_CASTS: tl.constexpr, HADAMARD: tl.constexpr,
-    HADAMARD_STAGES: tl.constexpr, HAS_SIGNS: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    RULE: tl.constexpr, STOCHASTIC: tl.constexpr, EMAX: tl.constexpr, EMIN: tl.constexpr,
-    MBITS: tl.constexpr, MAX_NORMAL: tl.constexpr, MAX_CODE: tl.constexpr,
-    ELEMENT_BITS: tl.constexpr, CODES_PER_UNIT: tl.constexpr,
+    v,
+    row_start,
+    col_start,
+    n_rows,
+    length,
+    padded_len,
+    data_ptr,
+    scale_ptr,
+    signs_ptr,
+    seed,
+    hadamard_scale,
+    ROUND_TO: tl.constexpr,
+    NATIVE_CASTS: tl.constexpr,
+    HADAMARD: tl.constexpr,
+    HADAMARD_STAGES: tl.constexpr,
+    HAS_SIGNS: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    RULE: tl.constexpr,
+    STOCHASTIC: tl.constexpr,
+    EMAX: tl.constexpr,
+    EMIN: tl.constexpr,
+    MBITS: tl.constexpr,
+    MAX_NORMAL: tl.constexpr,
+    MAX_CODE: tl.constexpr,
+    ELEMENT_BITS: tl.constexpr,
+    CODES_PER_UNIT: tl.constexpr,
 ):
     """Quantize float32 tile ``v`` [R, C] with blocks along its last axis and store it.
 
@@ -123,8 +150,7 @@ def to_float32(x, INPUT_BF16: tl.constexpr):
 
 
 @triton.jit
-def row_slice(x, signs_ptr, k: tl.constexpr, HADAMARD: tl.constexpr, INPUT_BF16: tl.constexpr,
-               HAS_SIGNS: tl.constexpr):
+def row_slice(x, signs_ptr, k: tl.constexpr, HADAMARD: tl.constexpr, INPUT_BF16: tl.constexpr, HAS_SIGNS: tl.constexpr):
     """Slice ``k`` (elements 8k..8k+7 of each block, [R, NB, 8]) as float32, after butterfly
     stages 1, 2, 4 when ``HADAMARD``."""
     R: tl.constexpr = x.shape[0]
@@ -150,10 +176,26 @@ def h32_finish(v, hadamard_scale, ROUND_TO: tl.constexpr, NATIVE_CASTS: tl.const
 
 
 @triton.jit
-def row_blocks(x_ptr, signs_ptr, rows, blocks, M, N, stride_m, hadamard_scale,
-               HADAMARD: tl.constexpr, INPUT_BF16: tl.constexpr, ROUND_TO: tl.constexpr,
-               NATIVE_CASTS: tl.constexpr, HAS_SIGNS: tl.constexpr, RULE: tl.constexpr, EMAX: tl.constexpr,
-               MAX_NORMAL: tl.constexpr, MBITS: tl.constexpr, MAX_CODE: tl.constexpr):
+def row_blocks(
+    x_ptr,
+    signs_ptr,
+    rows,
+    blocks,
+    M,
+    N,
+    stride_m,
+    hadamard_scale,
+    HADAMARD: tl.constexpr,
+    INPUT_BF16: tl.constexpr,
+    ROUND_TO: tl.constexpr,
+    NATIVE_CASTS: tl.constexpr,
+    HAS_SIGNS: tl.constexpr,
+    RULE: tl.constexpr,
+    EMAX: tl.constexpr,
+    MAX_NORMAL: tl.constexpr,
+    MBITS: tl.constexpr,
+    MAX_CODE: tl.constexpr,
+):
     """Blocks ``blocks`` of ``rows`` as four float32 slices [R, NB, 8] (elements 8k..8k+7 of each
     block, after the 32-point Hadamard when ``HADAMARD``), with each block's inverse scale, code
     limit and sign weight ([R, NB, 1]) and E8M0 code ([R, NB]).
@@ -165,10 +207,28 @@ def row_blocks(x_ptr, signs_ptr, rows, blocks, M, N, stride_m, hadamard_scale,
     cols = (blocks * 32)[None, :, None] + tl.arange(0, 8)[None, None, :]  # slice 0 of each block
     offs = (rows.to(tl.int64) * stride_m)[:, None, None] + cols
     row_ok = (rows < M)[:, None, None]  # columns past N load as zeros: the padding of a partial block
-    v0 = row_slice(tl.load(x_ptr + offs, mask=row_ok & (cols < N), other=0), signs_ptr, 0, HADAMARD, INPUT_BF16, HAS_SIGNS)
-    v1 = row_slice(tl.load(x_ptr + offs + 8, mask=row_ok & (cols + 8 < N), other=0), signs_ptr, 1, HADAMARD, INPUT_BF16, HAS_SIGNS)
-    v2 = row_slice(tl.load(x_ptr + offs + 16, mask=row_ok & (cols + 16 < N), other=0), signs_ptr, 2, HADAMARD, INPUT_BF16, HAS_SIGNS)
-    v3 = row_slice(tl.load(x_ptr + offs + 24, mask=row_ok & (cols + 24 < N), other=0), signs_ptr, 3, HADAMARD, INPUT_BF16, HAS_SIGNS)
+    v0 = row_slice(
+        tl.load(x_ptr + offs, mask=row_ok & (cols < N), other=0), signs_ptr, 0, HADAMARD, INPUT_BF16, HAS_SIGNS
+    )
+    v1 = row_slice(
+        tl.load(x_ptr + offs + 8, mask=row_ok & (cols + 8 < N), other=0), signs_ptr, 1, HADAMARD, INPUT_BF16, HAS_SIGNS
+    )
+    v2 = row_slice(
+        tl.load(x_ptr + offs + 16, mask=row_ok & (cols + 16 < N), other=0),
+        signs_ptr,
+        2,
+        HADAMARD,
+        INPUT_BF16,
+        HAS_SIGNS,
+    )
+    v3 = row_slice(
+        tl.load(x_ptr + offs + 24, mask=row_ok & (cols + 24 < N), other=0),
+        signs_ptr,
+        3,
+        HADAMARD,
+        INPUT_BF16,
+        HAS_SIGNS,
+    )
     if HADAMARD > 0:
         # Stage 8 pairs slices (0, 1) and (2, 3); stage 16 pairs (0, 2) and (1, 3).
         a0, a1, a2, a3 = v0 + v1, v0 - v1, v2 + v3, v2 - v3
@@ -186,8 +246,9 @@ def row_blocks(x_ptr, signs_ptr, rows, blocks, M, N, stride_m, hadamard_scale,
 
 
 @triton.jit
-def row_codes(v, inv_scale, limit, sign_weight, counters, seed,
-              STOCHASTIC: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr):
+def row_codes(
+    v, inv_scale, limit, sign_weight, counters, seed, STOCHASTIC: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr
+):
     """E2M1 codes of a slice ([R, NB, 8], block scale applied here); ``counters`` [R, NB] are
     its Philox counters (the index of its 32-bit word in the packed row)."""
     R: tl.constexpr = v.shape[0]
@@ -200,8 +261,9 @@ def row_codes(v, inv_scale, limit, sign_weight, counters, seed,
 
 
 @triton.jit
-def row_word(v, inv_scale, limit, sign_weight, counters, seed,
-              STOCHASTIC: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr):
+def row_word(
+    v, inv_scale, limit, sign_weight, counters, seed, STOCHASTIC: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr
+):
     """A slice's 8 codes packed into one 32-bit word per block, first code lowest."""
     codes = row_codes(v, inv_scale, limit, sign_weight, counters, seed, STOCHASTIC, MBITS, EMIN)
     return tl.sum(codes << (tl.arange(0, 8) * 4)[None, None, :], axis=2)

@@ -50,19 +50,54 @@ def _store_folded(out_ptr, codes, shift, nan, ok, offs):
 
 @triton.jit
 def _quantize_fold_rows_kernel(
-    x_ptr, signs_ptr, out_ptr, row_scale_ptr, lossy_ptr, M, N, stride_m, seed_ptr, hadamard_scale,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HADAMARD: tl.constexpr, INPUT_BF16: tl.constexpr,
-    ROUND_TO: tl.constexpr, NATIVE_CASTS: tl.constexpr, HAS_SIGNS: tl.constexpr,
-    RULE: tl.constexpr, STOCHASTIC: tl.constexpr, EMAX: tl.constexpr, EMIN: tl.constexpr,
-    MBITS: tl.constexpr, MAX_NORMAL: tl.constexpr, MAX_CODE: tl.constexpr,
+    x_ptr,
+    signs_ptr,
+    out_ptr,
+    row_scale_ptr,
+    lossy_ptr,
+    M,
+    N,
+    stride_m,
+    seed_ptr,
+    hadamard_scale,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HADAMARD: tl.constexpr,
+    INPUT_BF16: tl.constexpr,
+    ROUND_TO: tl.constexpr,
+    NATIVE_CASTS: tl.constexpr,
+    HAS_SIGNS: tl.constexpr,
+    RULE: tl.constexpr,
+    STOCHASTIC: tl.constexpr,
+    EMAX: tl.constexpr,
+    EMIN: tl.constexpr,
+    MBITS: tl.constexpr,
+    MAX_NORMAL: tl.constexpr,
+    MAX_CODE: tl.constexpr,
 ):
     NB: tl.constexpr = BLOCK_N // 32
     seed = tl.load(seed_ptr)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     blocks = tl.arange(0, NB)
     v0, v1, v2, v3, inv_scale, limit, sign_weight, scale_codes = row_blocks(
-        x_ptr, signs_ptr, rows, blocks, M, N, stride_m, hadamard_scale, HADAMARD, INPUT_BF16, ROUND_TO,
-        NATIVE_CASTS, HAS_SIGNS, RULE, EMAX, MAX_NORMAL, MBITS, MAX_CODE,
+        x_ptr,
+        signs_ptr,
+        rows,
+        blocks,
+        M,
+        N,
+        stride_m,
+        hadamard_scale,
+        HADAMARD,
+        INPUT_BF16,
+        ROUND_TO,
+        NATIVE_CASTS,
+        HAS_SIGNS,
+        RULE,
+        EMAX,
+        MAX_NORMAL,
+        MBITS,
+        MAX_CODE,
     )
     # Philox counters as in the packed layout (word w holds elements 8w..8w+7), so the noise,
     # and so the codes, are those of quantize_mx_triton.
@@ -135,9 +170,18 @@ def quantize_fold_fp8(
     _quantize_fold_rows_kernel[(cdiv(M, block_m),)](
         x.view(torch.int16) if x.dtype == torch.bfloat16 else x,
         x if signs is None else signs.to(device=x.device, dtype=torch.float32).contiguous(),
-        data, row_scale.view(torch.int32), lossy, M, N, x.stride(0), seed_ptr,
+        data,
+        row_scale.view(torch.int32),
+        lossy,
+        M,
+        N,
+        x.stride(0),
+        seed_ptr,
         1 / math.sqrt(hadamard_block_size) if hadamard_block_size else 1.0,
-        BLOCK_M=block_m, BLOCK_N=block_n, HADAMARD=hadamard_block_size, num_warps=warps,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        HADAMARD=hadamard_block_size,
+        num_warps=warps,
         **common_constexprs(x.dtype, x.is_cuda, "mxfp4", scale_rule, rounding, signs is not None),
     )
     return FoldedFP8(data.view(torch.float8_e4m3fn), row_scale, lossy)

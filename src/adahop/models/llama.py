@@ -41,14 +41,19 @@ class ModelArgs:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.ffn_hidden is not None and self.ffn_hidden <= 0:
             raise ValueError(f"ffn_hidden must be positive (or None), got {self.ffn_hidden}")
-        if not (math.isfinite(self.norm_eps) and self.norm_eps > 0 and math.isfinite(self.rope_theta) and self.rope_theta > 0):
-            raise ValueError(f"norm_eps and rope_theta must be finite and positive, got {self.norm_eps}, {self.rope_theta}")
+        if not (
+            math.isfinite(self.norm_eps)
+            and self.norm_eps > 0
+            and math.isfinite(self.rope_theta)
+            and self.rope_theta > 0
+        ):
+            raise ValueError(
+                f"norm_eps and rope_theta must be finite and positive, got {self.norm_eps}, {self.rope_theta}"
+            )
         if self.dim % self.n_heads:
             raise ValueError(f"dim ({self.dim}) must be divisible by n_heads ({self.n_heads})")
         if self.n_heads % self.n_kv_heads:
-            raise ValueError(
-                f"n_heads ({self.n_heads}) must be divisible by n_kv_heads ({self.n_kv_heads})"
-            )
+            raise ValueError(f"n_heads ({self.n_heads}) must be divisible by n_kv_heads ({self.n_kv_heads})")
         if self.head_dim % 2:
             raise ValueError(f"head_dim ({self.head_dim}) must be even for rotary embeddings")
 
@@ -66,20 +71,12 @@ class ModelArgs:
 
 MODEL_PRESETS: dict[str, ModelArgs] = {
     # CPU default: ~7M parameters with the embedded corpus' 8k tokenizer.
-    "tiny": ModelArgs(
-        dim=256, n_layers=4, n_heads=4, n_kv_heads=2, vocab_size=8192, max_seq_len=256
-    ),
+    "tiny": ModelArgs(dim=256, n_layers=4, n_heads=4, n_kv_heads=2, vocab_size=8192, max_seq_len=256),
     # ~46M parameters with an 8k vocabulary.
-    "small": ModelArgs(
-        dim=512, n_layers=12, n_heads=8, n_kv_heads=4, vocab_size=8192, max_seq_len=512
-    ),
+    "small": ModelArgs(dim=512, n_layers=12, n_heads=8, n_kv_heads=4, vocab_size=8192, max_seq_len=512),
     # GPT-3 Small / Medium shapes; the names count parameters with a 32k vocabulary.
-    "125m": ModelArgs(
-        dim=768, n_layers=12, n_heads=12, n_kv_heads=4, vocab_size=32768, max_seq_len=2048
-    ),
-    "350m": ModelArgs(
-        dim=1024, n_layers=24, n_heads=16, n_kv_heads=8, vocab_size=32768, max_seq_len=2048
-    ),
+    "125m": ModelArgs(dim=768, n_layers=12, n_heads=12, n_kv_heads=4, vocab_size=32768, max_seq_len=2048),
+    "350m": ModelArgs(dim=1024, n_layers=24, n_heads=16, n_kv_heads=8, vocab_size=32768, max_seq_len=2048),
     # Meta's shapes. Llama 3.2 1B and 3B tie the LM head to the embedding, Llama 3 8B does not.
     "llama3_1b": ModelArgs(
         dim=2048,
@@ -167,9 +164,7 @@ class Attention(nn.Module):
         v = self.wv(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         n_rep = self.n_heads // self.n_kv_heads
-        out = F.scaled_dot_product_attention(
-            q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), is_causal=True
-        )
+        out = F.scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), is_causal=True)
         return self.wo(out.transpose(1, 2).reshape(b, t, -1))
 
 
@@ -246,9 +241,7 @@ class Transformer(nn.Module):
         cross-entropy (computed in fp32) when ``targets`` is given."""
         seq_len = tokens.shape[1]
         if seq_len > self.args.max_seq_len:
-            raise ValueError(
-                f"sequence length {seq_len} exceeds max_seq_len {self.args.max_seq_len}"
-            )
+            raise ValueError(f"sequence length {seq_len} exceeds max_seq_len {self.args.max_seq_len}")
         cos, sin = self.rope_cos[:seq_len], self.rope_sin[:seq_len]
         h = self.tok_embeddings(tokens)
         for layer in self.layers:
@@ -256,18 +249,14 @@ class Transformer(nn.Module):
         logits = self.output(self.norm(h))
         if targets is None:
             return logits
-        loss = F.cross_entropy(
-            logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX
-        )
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX)
         return logits, loss
 
 
 def get_model_args(name: str) -> ModelArgs:
     """A copy of the preset ``name``."""
     if name not in MODEL_PRESETS:
-        raise ValueError(
-            f"unknown model preset {name!r}; valid presets: {', '.join(MODEL_PRESETS)}"
-        )
+        raise ValueError(f"unknown model preset {name!r}; valid presets: {', '.join(MODEL_PRESETS)}")
     return dataclasses.replace(MODEL_PRESETS[name])
 
 
@@ -277,9 +266,7 @@ def build_model(preset: str, vocab_size: int | None = None, **overrides) -> Tran
     valid = {f.name for f in dataclasses.fields(ModelArgs)}
     unknown = sorted(set(overrides) - valid)
     if unknown:
-        raise ValueError(
-            f"unknown ModelArgs fields {unknown}; valid fields: {', '.join(sorted(valid))}"
-        )
+        raise ValueError(f"unknown ModelArgs fields {unknown}; valid fields: {', '.join(sorted(valid))}")
     if vocab_size is not None:
         overrides["vocab_size"] = vocab_size
     return Transformer(dataclasses.replace(get_model_args(preset), **overrides))

@@ -89,8 +89,10 @@ class _AdaHOPLinearFn(torch.autograd.Function):
         # Backward operands, prepared now from the high-precision tensors (quantize and
         # transpose do not commute): Xᵀ is wgrad's R, Wᵀ is dgrad's R.
         wgrad_r = prepare_operand(x.t(), plan.wgrad, "R", cfg.saved, oe_k=cfg.oe_k, seed=cfg.xt_seed)
-        dgrad_r = w_tiles[1] if w_tiles else prepare_operand(
-            weight.t(), plan.dgrad, "R", cfg.saved, oe_k=cfg.oe_k, seed=cfg.wt_seed
+        dgrad_r = (
+            w_tiles[1]
+            if w_tiles
+            else prepare_operand(weight.t(), plan.dgrad, "R", cfg.saved, oe_k=cfg.oe_k, seed=cfg.wt_seed)
         )
         (w_parts, w_meta), (d_parts, d_meta) = wgrad_r.pack(), dgrad_r.pack()
         ctx.save_for_backward(*w_parts, *d_parts)
@@ -164,8 +166,13 @@ class AdaHOPLinear(nn.Linear):
     ) -> AdaHOPLinear:
         """Wrap an existing ``nn.Linear``, sharing (not copying) its parameters."""
         layer = cls(
-            linear.in_features, linear.out_features, linear.bias is not None,
-            device="meta", recipe=recipe, layer_id=layer_id, bf16_gemms=bf16_gemms,
+            linear.in_features,
+            linear.out_features,
+            linear.bias is not None,
+            device="meta",
+            recipe=recipe,
+            layer_id=layer_id,
+            bf16_gemms=bf16_gemms,
         )
         layer.weight = linear.weight
         layer.bias = linear.bias
@@ -202,7 +209,9 @@ class AdaHOPLinear(nn.Linear):
         """The (X and W, dY, saved Xᵀ and Wᵀ) quantization specs, built when the signs buffer is
         set (here and after ``.to()``) rather than on every forward."""
         r, signs = self.recipe, self.hadamard_signs
-        self._specs = tuple(r.quant_spec(rounding, signs) for rounding in (r.rounding, r.grad_rounding, r.backward_rounding))
+        self._specs = tuple(
+            r.quant_spec(rounding, signs) for rounding in (r.rounding, r.grad_rounding, r.backward_rounding)
+        )
 
     def _apply(self, fn, recurse: bool = True):
         module = super()._apply(fn, recurse)
@@ -221,8 +230,16 @@ class AdaHOPLinear(nn.Linear):
         act, grad, saved = self._specs
         xt_seed, wt_seed = (seeds[2], seeds[3]) if len(seeds) == 4 else (0, 0)
         return GemmConfig(
-            self.plan, act, grad, self.recipe.oe_k, dgrad_seed=seeds[0], wgrad_seed=seeds[1], saved=saved,
-            xt_seed=xt_seed, wt_seed=wt_seed, weight_tiles=self.recipe.weight_blocks == "2d",
+            self.plan,
+            act,
+            grad,
+            self.recipe.oe_k,
+            dgrad_seed=seeds[0],
+            wgrad_seed=seeds[1],
+            saved=saved,
+            xt_seed=xt_seed,
+            wt_seed=wt_seed,
+            weight_tiles=self.recipe.weight_blocks == "2d",
         )
 
     def _check_input(self, x: torch.Tensor) -> None:
@@ -238,9 +255,7 @@ class AdaHOPLinear(nn.Linear):
                 f"float16 input, got {x.dtype}; cast the input and the model (model.float())"
             )
         if x.dim() == 0 or x.shape[-1] != self.in_features:
-            raise ValueError(
-                f"AdaHOPLinear expects input [..., {self.in_features}], got {tuple(x.shape)}"
-            )
+            raise ValueError(f"AdaHOPLinear expects input [..., {self.in_features}], got {tuple(x.shape)}")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input(x)
@@ -290,8 +305,9 @@ class AdaHOPLinear(nn.Linear):
             missing_before.remove(key)
 
     def extra_repr(self) -> str:
-        plan = "calibrating" if self.plan is None else (
-            f"forward={self.plan.forward.value}, dgrad={self.plan.dgrad.value}, "
-            f"wgrad={self.plan.wgrad.value}"
+        plan = (
+            "calibrating"
+            if self.plan is None
+            else (f"forward={self.plan.forward.value}, dgrad={self.plan.dgrad.value}, wgrad={self.plan.wgrad.value}")
         )
         return f"{super().extra_repr()}, recipe={self.recipe.name}, {plan}"

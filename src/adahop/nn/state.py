@@ -59,7 +59,9 @@ def decode_state(state: torch.Tensor | Mapping[str, Any]) -> tuple[LayerPlan | N
             raise ValueError(f"corrupt AdaHOPLinear extra state: {state!r}")
         return (None if state["plan"] is None else LayerPlan.from_dict(state["plan"])), state["votes"]
     if not isinstance(state, torch.Tensor) or state.shape != (STATE_SIZE,) or state.dtype != torch.int64:
-        raise ValueError(f"corrupt AdaHOPLinear extra state: expected an int64 tensor of {STATE_SIZE} entries, got {state!r}")
+        raise ValueError(
+            f"corrupt AdaHOPLinear extra state: expected an int64 tensor of {STATE_SIZE} entries, got {state!r}"
+        )
     values = state.tolist()
     if values[0] != STATE_VERSION:
         raise ValueError(f"AdaHOPLinear extra state version {values[0]} is not {STATE_VERSION}; upgrade adahop")

@@ -151,7 +151,9 @@ class ModelPlan(Mapping[str, LayerPlan]):
         self._layers = dict(layers or {})
 
     @classmethod
-    def from_votes(cls, votes: Mapping[str, PatternVotes], table: str | StrategyTable | Mapping = DEFAULT_TABLE) -> ModelPlan:
+    def from_votes(
+        cls, votes: Mapping[str, PatternVotes], table: str | StrategyTable | Mapping = DEFAULT_TABLE
+    ) -> ModelPlan:
         return cls({name: v.plan(table) for name, v in votes.items()})
 
     def __getitem__(self, name: str) -> LayerPlan:

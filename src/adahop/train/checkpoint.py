@@ -191,7 +191,8 @@ def check_matches(path: Path, saved: dict[str, Any], current: dict[str, Any]) ->
     for section in MATCHING_SECTIONS:
         if saved[section] != current[section]:
             diff = sorted(
-                k for k in saved[section].keys() | current[section].keys()
+                k
+                for k in saved[section].keys() | current[section].keys()
                 if saved[section].get(k) != current[section].get(k)
             )
             details = ", ".join(
@@ -211,8 +212,10 @@ def config_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     aside: a run directory may move)."""
     return [
         f"{section}.{key} {saved[section].get(key)!r} -> {value!r}"
-        for section, fields in current.items() if isinstance(fields, dict)
-        for key, value in fields.items() if saved.get(section, {}).get(key) != value
+        for section, fields in current.items()
+        if isinstance(fields, dict)
+        for key, value in fields.items()
+        if saved.get(section, {}).get(key) != value
     ]
 
 

@@ -35,7 +35,13 @@ from .distributed import ParallelEnv, PeerFailedError, claim_failure, launch_ran
 from .metrics import METRICS_FILE, PLOT_FILE, TENSORBOARD_DIR
 from .trainer import CONFIG_FILE, PLAN_FILE, NonFiniteLossError, Trainer, TrainResult
 
-SHORT_FLAGS = {"recipe": "recipe", "model": "model.preset", "steps": "training.steps", "data": "data.source", "out": "out"}
+SHORT_FLAGS = {
+    "recipe": "recipe",
+    "model": "model.preset",
+    "steps": "training.steps",
+    "data": "data.source",
+    "out": "out",
+}
 
 
 def _overrides_help() -> str:
@@ -65,10 +71,16 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     parser.add_argument("--config", type=Path, metavar="FILE.toml", help="TOML config (see configs/)")
-    parser.add_argument("--recipe", choices=sorted(RECIPES), metavar="NAME", help=f"one of {', '.join(sorted(RECIPES))}")
-    parser.add_argument("--model", choices=list(MODEL_PRESETS), metavar="PRESET", help=f"one of {', '.join(MODEL_PRESETS)}")
+    parser.add_argument(
+        "--recipe", choices=sorted(RECIPES), metavar="NAME", help=f"one of {', '.join(sorted(RECIPES))}"
+    )
+    parser.add_argument(
+        "--model", choices=list(MODEL_PRESETS), metavar="PRESET", help=f"one of {', '.join(MODEL_PRESETS)}"
+    )
     parser.add_argument("--steps", type=int, metavar="N", help="optimizer steps")
-    parser.add_argument("--data", metavar="SRC", help="stdlib (default), a .txt/.jsonl/.parquet file, dir or glob, or hf:NAME[:CONFIG]")
+    parser.add_argument(
+        "--data", metavar="SRC", help="stdlib (default), a .txt/.jsonl/.parquet file, dir or glob, or hf:NAME[:CONFIG]"
+    )
     parser.add_argument("--out", metavar="DIR", help="run directory (default runs/<model>-<recipe>)")
     parser.add_argument("--resume", action="store_true", help="continue from the run directory's latest checkpoint")
     return parser
@@ -130,12 +142,16 @@ def main(argv: list[str] | None = None) -> int:
     if not isinstance(result, TrainResult):
         return result
     if launch_rank() == 0:
-        print(f"\nTrained {result.step} steps: train loss {result.train_loss:.4f}, validation loss {result.val_loss:.4f}")
+        print(
+            f"\nTrained {result.step} steps: train loss {result.train_loss:.4f}, validation loss {result.val_loss:.4f}"
+        )
         print(f"Results in {result.run_dir}/: {', '.join(_artefacts(result.run_dir))}")
     return 0
 
 
-def _train(parser: argparse.ArgumentParser, args: argparse.Namespace, cfg: TrainConfig, env: ParallelEnv) -> TrainResult | int:
+def _train(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, cfg: TrainConfig, env: ParallelEnv
+) -> TrainResult | int:
     """Build and train the run; an error becomes its exit status (and its one line). Runs inside
     the process group, so the failing rank claims its failure before leaving the group."""
     trainer = None

@@ -178,8 +178,15 @@ class TrainConfig:
 
 
 _POSITIVE = (
-    "data.seq_len", "data.batch_size", "optim.lr", "training.steps", "training.grad_accum",
-    "checkpoint.interval", "checkpoint.keep_last", "logging.log_every", "logging.val_every",
+    "data.seq_len",
+    "data.batch_size",
+    "optim.lr",
+    "training.steps",
+    "training.grad_accum",
+    "checkpoint.interval",
+    "checkpoint.keep_last",
+    "logging.log_every",
+    "logging.val_every",
     "logging.val_batches",
 )
 _NON_NEGATIVE = ("optim.weight_decay", "optim.warmup_steps", "optim.grad_clip", "training.pattern_telemetry_every")
@@ -352,7 +359,9 @@ def _toml_value(value: Any) -> str:
 
 def dump_toml(doc: dict[str, Any], prefix: str = "") -> str:
     """TOML text for a dict of scalars, lists and nested dicts (tables); None values are left out."""
-    scalars = [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in doc.items() if not isinstance(v, dict) and v is not None]
+    scalars = [
+        f"{_toml_key(k)} = {_toml_value(v)}" for k, v in doc.items() if not isinstance(v, dict) and v is not None
+    ]
     lines = [f"[{prefix}]"] if prefix and (scalars or not doc) else []
     lines += scalars
     for key, value in doc.items():

@@ -36,7 +36,9 @@ class GraphedMicroStep:
     read it first). ``first``: this micro-step starts an optimizer step, so its gradients replace
     those in ``.grad`` instead of adding to them."""
 
-    def __init__(self, model: nn.Module, *, loss_scale: float = 1.0, autocast_dtype: torch.dtype | None = torch.bfloat16) -> None:
+    def __init__(
+        self, model: nn.Module, *, loss_scale: float = 1.0, autocast_dtype: torch.dtype | None = torch.bfloat16
+    ) -> None:
         self.model, self.loss_scale, self.autocast_dtype = model, loss_scale, autocast_dtype
         self._warm = False
         self._graphs: dict[bool, torch.cuda.CUDAGraph] = {}  # keyed by ``first``
@@ -52,8 +54,12 @@ class GraphedMicroStep:
 
     def _forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         # The autocast cache would keep weight casts made during capture alive past it.
-        with torch.autocast("cuda", dtype=self.autocast_dtype or torch.bfloat16,
-                            enabled=self.autocast_dtype is not None, cache_enabled=False):
+        with torch.autocast(
+            "cuda",
+            dtype=self.autocast_dtype or torch.bfloat16,
+            enabled=self.autocast_dtype is not None,
+            cache_enabled=False,
+        ):
             _, loss = self.model(inputs, targets)
         (loss * self.loss_scale).backward()
         return loss.detach()

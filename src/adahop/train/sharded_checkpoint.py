@@ -96,7 +96,13 @@ def save_sharded(
     rank, world_size = dist.get_rank(), dist.get_world_size()
     model_state, optim_state = _model_state(model, optimizer)
     layers = {name: layer.get_extra_state() for name, layer in adahop_layers(model).items()}
-    train = {"format": SHARDED_FORMAT, "step": step, "scheduler": scheduler.state_dict(), "config": config, "world_size": world_size}
+    train = {
+        "format": SHARDED_FORMAT,
+        "step": step,
+        "scheduler": scheduler.state_dict(),
+        "config": config,
+        "world_size": world_size,
+    }
     state = {
         "model": model_state,
         "optimizer": optim_state,
@@ -151,7 +157,10 @@ def load_sharded(
     rank = dist.get_rank() if dist.is_initialized() else 0
     saved_world = train["world_size"]
     model_state, optim_state = _model_state(model, optimizer)
-    state = {"model": model_state, "ranks": {str(r): io.BytesIO() for r in range(saved_world)}}  # same keys on every rank
+    state = {
+        "model": model_state,
+        "ranks": {str(r): io.BytesIO() for r in range(saved_world)},
+    }  # same keys on every rank
     if optimizer is not None:
         state["optimizer"] = optim_state
     try:
@@ -170,7 +179,9 @@ def load_sharded(
     return own
 
 
-def load_full(path: Path, state: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer, loader: Any) -> None:
+def load_full(
+    path: Path, state: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer, loader: Any
+) -> None:
     """Restore a single-process checkpoint (``state``: its ``read_checkpoint``) into a sharded
     model on every rank: each rank reads the whole file and keeps its shards. Every rank takes
     the one process's calibration votes (merged at the freeze they pick the same majorities)."""
@@ -185,7 +196,10 @@ def load_full(path: Path, state: dict[str, Any], model: nn.Module, optimizer: to
     optim_state = {"state": {order[i]: s for i, s in saved["state"].items()}, "param_groups": groups}
     try:
         set_state_dict(
-            model, optimizer, model_state_dict=state["model"], optim_state_dict=optim_state,
+            model,
+            optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=optim_state,
             options=StateDictOptions(full_state_dict=True),
         )
     except (KeyError, IndexError, RuntimeError, ValueError) as e:

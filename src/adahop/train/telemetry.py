@@ -42,7 +42,9 @@ def sample_patterns(layers: Mapping[str, AdaHOPLinear]) -> Iterator[dict[str, Pa
     """Vote the patterns of ``layers`` on the training steps run inside the block (new votes,
     the layers' own calibration votes untouched); the hooks are gone when it ends."""
     votes = {name: PatternVotes() for name in layers}
-    recorders = [attach_pattern_hooks(layer, votes[name], layer.recipe.pattern_threshold) for name, layer in layers.items()]
+    recorders = [
+        attach_pattern_hooks(layer, votes[name], layer.recipe.pattern_threshold) for name, layer in layers.items()
+    ]
     try:
         yield votes
     finally:
@@ -69,7 +71,9 @@ def drift_record(layers: Mapping[str, AdaHOPLinear], votes: Mapping[str, Pattern
     def strategies(name: str, patterns: Mapping[str, str]) -> dict:
         return plan_for_patterns(*(patterns[role] for role in ROLES), layers[name].recipe.table).strategies()
 
-    record["strategy_drift"] = sum(strategies(name, sampled[name]) != strategies(name, frozen[name]) for name in seen) / n
+    record["strategy_drift"] = (
+        sum(strategies(name, sampled[name]) != strategies(name, frozen[name]) for name in seen) / n
+    )
     record["layers"] = len(seen)
     record["sampled"] = {name: "/".join(p[role] for role in ROLES) for name, p in sampled.items()}
     return record

@@ -126,7 +126,10 @@ class Trainer:
             if self.env.is_main:
                 log.info("distributed: %s", describe_sharding(self.model))
             if cfg.training.cuda_graph and self.device.type == "cuda" and self.env.is_main:
-                log.info("training.cuda_graph is off under FSDP2 (%d ranks): a graph would not capture its collectives", self.env.world_size)
+                log.info(
+                    "training.cuda_graph is off under FSDP2 (%d ranks): a graph would not capture its collectives",
+                    self.env.world_size,
+                )
         self.optimizer = build_optimizer(self.model, cfg.optim, self.device)
         self.named_layers = adahop_layers(self.model)
         self.layers = list(self.named_layers.values())
@@ -232,8 +235,13 @@ class Trainer:
     def save(self) -> Path:
         if self.env.distributed:
             path = save_sharded(
-                checkpoint_path(self.run_dir, self.step).with_suffix(""), step=self.step, model=self.model,
-                optimizer=self.optimizer, scheduler=self.scheduler, loader=self.data.train, config=self.cfg.to_dict(),
+                checkpoint_path(self.run_dir, self.step).with_suffix(""),
+                step=self.step,
+                model=self.model,
+                optimizer=self.optimizer,
+                scheduler=self.scheduler,
+                loader=self.data.train,
+                config=self.cfg.to_dict(),
             )
         else:
             state = training_state(
@@ -267,7 +275,9 @@ class Trainer:
             return
         self.model.compile_blocks(self.cfg.training.compile_backend)
         self._compiled = True
-        log.info("compiled %d transformer blocks (backend %s)", len(self.model.layers), self.cfg.training.compile_backend)
+        log.info(
+            "compiled %d transformer blocks (backend %s)", len(self.model.layers), self.cfg.training.compile_backend
+        )
 
     def _maybe_graph(self) -> None:
         """Replay micro-steps as a CUDA graph once no layer calibrates (calibration votes on the
@@ -290,7 +300,9 @@ class Trainer:
     def _autocast(self) -> torch.autocast:
         return autocast_for(self.cfg, self.device)
 
-    def _micro_step(self, inputs: torch.Tensor, targets: torch.Tensor, first: bool, eager: bool = False) -> torch.Tensor:
+    def _micro_step(
+        self, inputs: torch.Tensor, targets: torch.Tensor, first: bool, eager: bool = False
+    ) -> torch.Tensor:
         """Forward and backward of one micro-batch (gradients accumulate after the ``first``);
         returns its loss. ``eager``: no graph replay and compiled blocks run uncompiled (Python
         hooks observe it)."""
@@ -380,12 +392,27 @@ class Trainer:
         if metrics is None:
             return
         metrics.log(
-            "train", self.step, loss=loss, lr=lr, grad_norm=grad_norm, tokens=self.step * self.tokens_per_step,
-            tokens_per_s=tokens_per_s, memory_mib=memory, **per_rank, phase=self.phase,
+            "train",
+            self.step,
+            loss=loss,
+            lr=lr,
+            grad_norm=grad_norm,
+            tokens=self.step * self.tokens_per_step,
+            tokens_per_s=tokens_per_s,
+            memory_mib=memory,
+            **per_rank,
+            phase=self.phase,
         )
         log.info(
-            "step %d/%d  loss %.4f  lr %.2e  grad_norm %.3f  %s tok/s  %s MiB  %s", self.step,
-            self.cfg.training.steps, loss, lr, grad_norm, f"{tokens_per_s:,.0f}", f"{memory:,.0f}", self.phase,
+            "step %d/%d  loss %.4f  lr %.2e  grad_norm %.3f  %s tok/s  %s MiB  %s",
+            self.step,
+            self.cfg.training.steps,
+            loss,
+            lr,
+            grad_norm,
+            f"{tokens_per_s:,.0f}",
+            f"{memory:,.0f}",
+            self.phase,
         )
 
     def _log_patterns(self, metrics: MetricsLogger | None) -> None:
@@ -394,8 +421,13 @@ class Trainer:
             return
         metrics.log(RECORD_KIND, self.step, **record)
         log.info(
-            "step %d  pattern drift from the plan: x %.2f  w %.2f  dY %.2f  strategies %.2f (%d layers)", self.step,
-            record["drift_x"], record["drift_w"], record["drift_g"], record["strategy_drift"], record["layers"],
+            "step %d  pattern drift from the plan: x %.2f  w %.2f  dY %.2f  strategies %.2f (%d layers)",
+            self.step,
+            record["drift_x"],
+            record["drift_w"],
+            record["drift_g"],
+            record["strategy_drift"],
+            record["layers"],
         )
 
     def _validate(self, metrics: MetricsLogger | None) -> float:
@@ -425,7 +457,11 @@ class Trainer:
                     try:
                         loss, grad_norm = self.train_step()
                     except NonFiniteTensorError:  # seen by a layer measuring its patterns, before the loss
-                        which = "a calibrating layer" if self.phase == "calibrating" else "a layer sampled for pattern telemetry"
+                        which = (
+                            "a calibrating layer"
+                            if self.phase == "calibrating"
+                            else "a layer sampled for pattern telemetry"
+                        )
                         raise self._non_finite(f"an operand of {which} holds NaN or Inf") from None
                     timed_steps, step_time = timed_steps + 1, step_time + time.perf_counter() - start
                     self.step += 1
@@ -464,7 +500,11 @@ class Trainer:
         if not self.env.is_main:
             return
         try:
-            plot_losses(read_metrics(self.run_dir), self.run_dir / PLOT_FILE, f"{self.cfg.model.preset} / {self.cfg.recipe.name}")
+            plot_losses(
+                read_metrics(self.run_dir),
+                self.run_dir / PLOT_FILE,
+                f"{self.cfg.model.preset} / {self.cfg.recipe.name}",
+            )
         except OSError as e:
             if not stopping:
                 raise

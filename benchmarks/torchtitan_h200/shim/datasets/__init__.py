@@ -39,7 +39,7 @@ class Dataset:
     def shard(self, num_shards: int, index: int, contiguous: bool = True) -> Dataset:
         per, extra = divmod(len(self._rows), num_shards)
         start = index * per + min(index, extra)
-        return Dataset(self._rows[start:start + per + (index < extra)])
+        return Dataset(self._rows[start : start + per + (index < extra)])
 
 
 def _read(path: Path) -> list[dict]:

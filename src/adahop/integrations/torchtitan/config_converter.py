@@ -29,8 +29,12 @@ class AdaHOPTitanLinear(AdaHOPLinear, Module):
 
     def __init__(self, config: Config) -> None:
         AdaHOPLinear.__init__(
-            self, config.in_features, config.out_features, config.bias,
-            recipe=config.recipe, layer_id=config.layer_id,
+            self,
+            config.in_features,
+            config.out_features,
+            config.bias,
+            recipe=config.recipe,
+            layer_id=config.layer_id,
         )
 
 

@@ -9,7 +9,6 @@ resumed run, that the layers came back from the checkpoint with their plans and 
 calibrate again.
 """
 
-
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -66,7 +65,9 @@ class AdaHOPModelConverter:
         convert_model(model, self.recipe, filter_fn=keep)
         logger.info(
             "adahop: %d linear layers converted (recipe %s); they calibrate for %d steps, then freeze their plans",
-            len(adahop_layers(model)), self.recipe.name, self.recipe.calibration_steps,
+            len(adahop_layers(model)),
+            self.recipe.name,
+            self.recipe.calibration_steps,
         )
 
     def post_optimizer_hook(self, model: nn.Module | list[nn.Module]) -> None:
@@ -90,7 +91,8 @@ class AdaHOPModelConverter:
         if restored:
             logger.info(
                 "adahop: %d of %d layers resumed with the frozen plans of the checkpoint; they do not calibrate again",
-                frozen, total,
+                frozen,
+                total,
             )
         elif frozen < total:
             return
