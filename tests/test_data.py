@@ -291,6 +291,48 @@ def test_txt_jsonl_parquet_sources(tmp_path):
     assert list(parse_data_spec(str(tmp_path / "[bc].*")).documents()) == DOCS[1:] + DOCS[:2]
 
 
+def test_gzipped_txt_py_jsonl_sources_read_as_their_plain_files(tmp_path):
+    import gzip
+
+    (tmp_path / "a.txt.gz").write_bytes(gzip.compress(DOCS[0].encode()))
+    (tmp_path / "b.py.gz").write_bytes(gzip.compress(DOCS[2].encode()))
+    plain = write_jsonl(tmp_path / "c.jsonl", DOCS[1:] + [""])
+    (tmp_path / "d.jsonl.gz").write_bytes(gzip.compress(plain.read_bytes()))
+    assert list(parse_data_spec(str(tmp_path / "a.txt.gz")).documents()) == DOCS[:1]
+    assert list(parse_data_spec(str(tmp_path / "b.py.gz")).documents()) == DOCS[2:]
+    assert list(parse_data_spec(str(tmp_path / "d.jsonl.gz")).documents()) == DOCS[1:]
+    # a directory and a glob pick the gzipped files up too, in sorted order
+    everything = DOCS[:1] + DOCS[2:] + DOCS[1:] + DOCS[1:]
+    assert list(parse_data_spec(str(tmp_path)).documents()) == everything
+    assert list(parse_data_spec(str(tmp_path / "*.jsonl*")).documents()) == DOCS[1:] * 2
+    # the same tokens as the plain file (the fingerprint differs: another file)
+    gz, js = (
+        prepare_data(str(p), vocab_size=300, val_fraction=0.3, cache=tmp_path / "cache", progress=False)
+        for p in (tmp_path / "d.jsonl.gz", plain)
+    )
+    assert np.array_equal(np.concatenate([gz.train, gz.val]), np.concatenate([js.train, js.val]))
+
+
+def test_gzipped_files_that_cannot_be_read_give_clear_errors(tmp_path):
+    import gzip
+
+    (tmp_path / "fake.jsonl.gz").write_text('{"text": "not compressed"}\n')
+    (tmp_path / "cut.jsonl.gz").write_bytes(gzip.compress(b'{"text": "a"}\n' * 1000)[:-30])
+    (tmp_path / "latin1.jsonl.gz").write_bytes(
+        gzip.compress('{"text": "ok"}\n{"text": "caf\u00e9"}\n'.encode("latin-1"))
+    )
+    (tmp_path / "data.parquet.gz").write_bytes(gzip.compress(b"x"))
+    (tmp_path / "data.gz").write_bytes(gzip.compress(b"x"))
+    for name in ("fake.jsonl.gz", "cut.jsonl.gz"):
+        with pytest.raises(DataSourceError, match=rf"{name}: not a readable gzip file"):
+            list(parse_data_spec(str(tmp_path / name)).documents())
+    with pytest.raises(DataSourceError, match=r"latin1.jsonl.gz:2: not UTF-8 text \(byte 0xe9\)"):
+        list(parse_data_spec(str(tmp_path / "latin1.jsonl.gz")).documents())
+    for name in ("data.parquet.gz", "data.gz"):
+        with pytest.raises(DataSourceError, match=r"unsupported file type.*gzipped \.txt\.gz, \.py\.gz, \.jsonl\.gz"):
+            parse_data_spec(str(tmp_path / name))
+
+
 def test_prepare_data_on_a_local_file(tmp_path):
     texts = [f"document number {i}: " + "lorem ipsum dolor sit amet " * (i % 7 + 1) for i in range(60)]
     path = write_jsonl(tmp_path / "docs.jsonl", texts)

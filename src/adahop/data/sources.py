@@ -5,7 +5,8 @@ its content may have, which keys the tokenizer and token caches. ``parse_data_sp
 ``--data`` value into a source:
 
 - a ``.txt`` / ``.py`` file (one document per file), a ``.jsonl`` file (one document per line,
-  field ``text``), a ``.parquet`` file (one document per row, column ``text``);
+  field ``text``), a ``.parquet`` file (one document per row, column ``text``); the first three
+  may be gzip-compressed (``.txt.gz``, ``.py.gz``, ``.jsonl.gz``: read as they decompress);
 - a directory (every supported file below it) or a glob (``data/*.jsonl``), in sorted order;
 - ``hf:NAME[:CONFIG]``: the ``train`` split of a Hugging Face dataset, streamed (nothing is
   downloaded beyond what is read) and capped at ``max_bytes`` of text.
@@ -17,18 +18,25 @@ that happens to decode). A ``text`` field or column must hold strings; null is a
 
 from __future__ import annotations
 
+import contextlib
 import glob
+import gzip
 import json
+import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from .cache import content_key
 
 TEXT_FIELD = "text"
 HF_PREFIX = "hf:"
 HF_MAX_BYTES = 2**30  # text read from a streamed dataset: about 250M tokens
-DATA_SPEC_HELP = "--data takes a .txt, .py, .jsonl or .parquet file, a directory or glob of them, or hf:NAME[:CONFIG]"
+DATA_SPEC_HELP = (
+    "--data takes a .txt, .py, .jsonl or .parquet file (the first three also gzipped, e.g. .jsonl.gz), "
+    "a directory or glob of them, or hf:NAME[:CONFIG]"
+)
 
 
 class DataSourceError(ValueError):
@@ -88,12 +96,38 @@ def as_document(value: object, where: str) -> str:
     return value
 
 
+GZIP_SUFFIX = ".gz"
+GZIP_ERRORS = (gzip.BadGzipFile, EOFError, zlib.error)  # not gzip, cut short, corrupt stream
+
+
+def file_format(path: Path) -> str:
+    """The suffix that picks a file's reader: ``.jsonl`` for ``a.jsonl`` and ``a.jsonl.gz``."""
+    return Path(path.stem).suffix if path.suffix == GZIP_SUFFIX else path.suffix
+
+
+@contextlib.contextmanager
+def _open_binary(path: Path) -> Iterator[BinaryIO]:
+    """``path`` opened for binary reading, decompressed when it ends in ``.gz``; a damaged gzip
+    stream, wherever it shows, is a DataSourceError naming the file."""
+    if path.suffix != GZIP_SUFFIX:
+        with open(path, "rb") as f:
+            yield f
+        return
+    try:
+        with gzip.open(path, "rb") as f:
+            yield f
+    except GZIP_ERRORS as e:
+        raise DataSourceError(f"{path}: not a readable gzip file ({e}); check the file or decompress it") from None
+
+
 def _read_text(path: Path) -> Iterator[str]:
-    yield decode_text(path.read_bytes(), path)
+    with _open_binary(path) as f:
+        data = f.read()
+    yield decode_text(data, path)
 
 
 def _read_jsonl(path: Path) -> Iterator[str]:
-    with open(path, "rb") as f:
+    with _open_binary(path) as f:
         for lineno, raw in enumerate(f, 1):
             line = decode_text(raw, path, lineno)
             if not line.strip():
@@ -129,16 +163,28 @@ READERS: dict[str, Callable[[Path], Iterator[str]]] = {
     ".parquet": _read_parquet,
 }
 PLAIN_TEXT_SUFFIXES = (".txt", ".py")
+GZIP_FORMATS = (".txt", ".py", ".jsonl")  # parquet compresses inside the file
+
+
+def reader_for(path: Path) -> Callable[[Path], Iterator[str]] | None:
+    """The reader of ``path`` by its suffix (``.jsonl.gz`` reads as ``.jsonl``), or None."""
+    fmt = file_format(path)
+    if path.suffix == GZIP_SUFFIX and fmt not in GZIP_FORMATS:
+        return None
+    return READERS.get(fmt)
+
+
+SUPPORTED_HELP = f"{', '.join(READERS)} (and gzipped {', '.join(f + GZIP_SUFFIX for f in GZIP_FORMATS)})"
 
 
 class FileSource(TextSource):
     """Local files, read in the given order."""
 
     def __init__(self, paths: list[Path], name: str | None = None) -> None:
-        unsupported = [str(p) for p in paths if p.suffix not in READERS]
+        unsupported = [str(p) for p in paths if reader_for(p) is None]
         if unsupported:
             raise DataSourceError(
-                f"unsupported file type: {', '.join(unsupported[:3])}; supported suffixes: {', '.join(READERS)}"
+                f"unsupported file type: {', '.join(unsupported[:3])}; supported suffixes: {SUPPORTED_HELP}"
             )
         self.paths = paths
         self.name = name or (str(paths[0]) if len(paths) == 1 else f"{len(paths)} files")
@@ -149,7 +195,7 @@ class FileSource(TextSource):
 
     def documents(self) -> Iterator[str]:
         for path in self.paths:
-            yield from (doc for doc in READERS[path.suffix](path) if doc)
+            yield from (doc for doc in reader_for(path)(path) if doc)
 
     def size_hint(self) -> int | None:
         if all(p.suffix in PLAIN_TEXT_SUFFIXES for p in self.paths):
@@ -219,9 +265,12 @@ def _expand_paths(spec: str) -> list[Path]:
     if path.is_file():
         return [path]
     if path.is_dir():
-        paths = sorted(p for p in path.rglob("*") if p.suffix in READERS and p.is_file())
+        paths = sorted(p for p in path.rglob("*") if reader_for(p) is not None and p.is_file())
         if not paths:
-            raise DataSourceError(f"--data {spec!r}: no {', '.join(READERS)} files in this directory")
+            raise DataSourceError(
+                f"--data {spec!r}: no {', '.join(READERS)} files (or gzipped "
+                f"{', '.join(f + GZIP_SUFFIX for f in GZIP_FORMATS)}) in this directory"
+            )
         return paths
     raise DataSourceError(f"--data {spec!r}: no such file or directory; {DATA_SPEC_HELP}")
 

@@ -79,7 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--steps", type=int, metavar="N", help="optimizer steps")
     parser.add_argument(
-        "--data", metavar="SRC", help="stdlib (default), a .txt/.jsonl/.parquet file, dir or glob, or hf:NAME[:CONFIG]"
+        "--data",
+        metavar="SRC",
+        help="stdlib (default), a .txt/.jsonl/.parquet file (.txt.gz/.jsonl.gz too), dir or glob, or hf:NAME[:CONFIG]",
     )
     parser.add_argument("--out", metavar="DIR", help="run directory (default runs/<model>-<recipe>)")
     parser.add_argument("--resume", action="store_true", help="continue from the run directory's latest checkpoint")
