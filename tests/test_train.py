@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from adahop.policy import ModelPlan
+from adahop.policy.strategies import get_table
 from adahop.recipes import RECIPES
 from adahop.train import (
     ConfigError,
@@ -63,6 +64,19 @@ def test_toml_round_trip_and_precedence(tmp_path):
     saved = tmp_path / "saved.toml"
     saved.write_text(cfg.to_toml())
     assert load_config(saved).to_dict() == cfg.to_dict()
+
+
+def test_strategy_table_override_on_the_command_line_is_an_inline_toml_table(tmp_path):
+    """``--recipe.table={"row,row"="iht",...}`` (docs/quality.md's dgrad ablation: lv2 with
+    ``"row,none"="iht"``) is a mapping, not a table name, and survives the saved config."""
+    table = {**get_table("lv2").to_dict(), "row,none": "iht"}
+    text = "{" + ",".join(f'"{pair}"="{strategy}"' for pair, strategy in table.items()) + "}"  # no spaces
+    cfg = load_config(None, [("recipe.table", text)])
+    assert cfg.recipe.table == table
+    saved = tmp_path / "config.toml"
+    saved.write_text(cfg.to_toml())
+    assert load_config(saved).recipe.table == table
+    assert load_config(None, [("recipe.table", "lv1")]).recipe.table == "lv1"
 
 
 def test_dump_toml_is_read_back_by_tomllib():

@@ -203,9 +203,10 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
     """``value`` (a command-line string or a TOML value) as type ``hint``."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
-        if isinstance(value, str) and str in args and not value.lstrip().startswith("{"):
+        table_text = isinstance(value, str) and value.lstrip().startswith("{")
+        if isinstance(value, str) and str in args and not table_text:
             return value  # a string that starts with "{" is read as an inline TOML table
-        for arm in (a for a in args if a is not type(None)):
+        for arm in (a for a in args if a is not type(None) and not (table_text and a is str)):
             try:
                 return _coerce(value, arm, key)
             except ConfigError:
