@@ -167,6 +167,23 @@ def test_lr_schedule_warmup_then_cosine():
 
 
 # ---- runs -----------------------------------------------------------------------------------
+def test_deterministic_kernels_are_asked_for_and_change_no_cpu_result(small_overrides, tmp_path):
+    """``training.deterministic`` turns on PyTorch's deterministic kernels for the process; on the
+    CPU, where the step is already reproducible, the losses are those of the default run."""
+    default = Trainer(load_config(None, small_overrides(tmp_path / "a")), progress=False)
+    default.train()
+    try:
+        cfg = load_config(None, small_overrides(tmp_path / "b", training__deterministic="true"))
+        Trainer(cfg, progress=False).train()
+        assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
+        assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+    finally:
+        torch.use_deterministic_algorithms(False)
+        torch.backends.cudnn.deterministic = False
+    losses = [[r["loss"] for r in read_metrics(tmp_path / run) if r["kind"] == "train"] for run in ("a", "b")]
+    assert losses[0] == losses[1] and len(losses[0]) == 6
+
+
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
 def test_short_run_writes_the_run_directory(recipe, small_overrides, tmp_path):
     cfg = load_config(None, small_overrides(tmp_path / "run", recipe=recipe, checkpoint__keep_last=2))

@@ -87,6 +87,9 @@ class TrainingConfig:
     compile_backend: str = "inductor"  # a torch.compile backend ("aot_eager" needs no C++ compiler)
     cuda_graph: bool = True  # on CUDA, replay each micro-step as one CUDA graph once the plans are frozen
     distributed: bool = False  # under torchrun with one process, still train through FSDP2 (several always do)
+    # PyTorch's deterministic kernels (cuBLAS workspace, cuDNN, torch.use_deterministic_algorithms),
+    # as torchtitan's debug.deterministic: two runs of one seed step alike on the GPU, somewhat slower.
+    deterministic: bool = False
     # Every N steps after calibration, sample each layer's X/W/dY outlier patterns and log how many
     # drifted from the plan (train.telemetry); 0 turns it off. That step runs eagerly (no graph replay).
     pattern_telemetry_every: int = 500

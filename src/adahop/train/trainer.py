@@ -102,6 +102,16 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def use_deterministic_kernels() -> None:
+    """Process-wide: PyTorch picks deterministic kernels from here on. The cuBLAS workspace setting
+    counts only before the process's first cuBLAS call; an op with no deterministic kernel warns
+    (naming itself) instead of stopping the run."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+
+
 class Trainer:
     """Builds a run from a config (fresh, or resumed from its latest checkpoint) and trains it;
     ``env`` (from ``distributed.process_group``) makes it one rank of a data-parallel run."""
@@ -119,6 +129,8 @@ class Trainer:
             # Model initialisation has its own seed; the global generators (stochastic rounding)
             # differ per rank, so ranks round their shares with independent noise.
             seed_everything(cfg.training.seed + self.env.rank)
+            if cfg.training.deterministic:
+                use_deterministic_kernels()
             self.data = build_data(cfg, self.progress, rank=self.env.rank, world_size=self.env.world_size)
         self.model = build_model_from_config(cfg, self.device)
         if self.env.distributed:
