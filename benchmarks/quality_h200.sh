@@ -25,6 +25,8 @@
 #                  run names are RECIPE-sSEED, or RECIPE-TAG-sSEED
 #   EXTRA [""]     adahop train arguments added to every run (split on spaces)
 #   COMPILE [0]    1: --training.compile=true (compile time counts against the 10 minutes)
+#   ANALYZE [1]    `adahop analyze --no-heatmaps` of every finished run after its eval (CPU, a few
+#                  seconds each, inside the eval deadline): runs/NAME/analysis/report.{md,json}, overview.png
 #   LIMIT [590]    seconds from the start by which everything must be done (the call has 600)
 #   RESERVE [60]   seconds kept after training for eval, copying and the summary: runs that have
 #                  not finished by LIMIT - RESERVE are stopped and reported (incomplete/)
@@ -34,7 +36,7 @@
 #                      DRY=1 OUT=/tmp/q_dry bash benchmarks/quality_h200.sh
 #
 # Output ($OUT): quality_h200.log (this log), logs/NAME.log (each train and eval), runs/NAME/ for
-# every finished run (config.toml, metrics.jsonl, plan.json, loss.png, tb/, eval.json; no
+# every finished run (config.toml, metrics.jsonl, plan.json, loss.png, tb/, eval.json, analysis/; no
 # checkpoints: they stay in /tmp), incomplete/NAME/ for runs that failed or ran out of time (their
 # metrics so far; never mixed into runs/), compare.{md,png,json} and compare-recipes.json
 # (`adahop compare $OUT/runs/*`), summary.txt (benchmarks/quality_h200/summary.py), summary.json.
@@ -49,6 +51,7 @@ K=${K:-5}
 VARIANTS=${VARIANTS:-}
 EXTRA=${EXTRA:-}
 COMPILE=${COMPILE:-0}
+ANALYZE=${ANALYZE:-1}
 CONFIG=${CONFIG:-configs/quality_125m.toml}
 TRAIN_DATA=${TRAIN_DATA:-.data/english-train.jsonl.gz}
 HELDOUT=${HELDOUT:-.data/english-heldout.jsonl.gz}
@@ -238,10 +241,25 @@ for name in "${FINISHED[@]}"; do
   else python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(f'   {sys.argv[2]:28s} held-out {r[\"tokens\"]} tokens ({r[\"part\"]}): as trained {r[\"as_trained\"][\"loss\"]:.4f}, all-BF16 {r[\"bf16\"][\"loss\"]:.4f}')" "$WORK/runs/$name/eval.json" "$name"; fi
 done
 
+# ---- 3b. outlier report of every finished run at its last step (adahop analyze, on the CPU) -------
+if [ "$ANALYZE" = 1 ]; then
+  say "adahop analyze of ${#FINISHED[@]} runs (patterns and MXFP4 errors at the last step, no heatmaps)"
+  PIDS=()
+  for name in "${FINISHED[@]}"; do
+    left=$((eval_deadline - $(date +%s)))
+    [ "$left" -lt 10 ] && { say "$name: no time left for analyze"; continue; }
+    ( OMP_NUM_THREADS=3 timeout -k 5 "$left" python3 -m adahop analyze "$WORK/runs/$name" --out "$WORK/runs/$name/analysis" \
+        --no-heatmaps > "$OUT/logs/$name.analyze.log" 2>&1 || say "$name: analyze FAILED (exit $?; logs/$name.analyze.log)" ) &
+    PIDS+=($!)
+    if [ ${#PIDS[@]} -ge "$K" ]; then wait "${PIDS[@]}"; PIDS=(); fi
+  done
+  [ ${#PIDS[@]} -gt 0 ] && wait "${PIDS[@]}"
+fi
+
 # ---- 4. light files back to $OUT, summary ---------------------------------------------------------
 copy_run() {  # $1 name, $2 destination folder
   mkdir -p "$2/$1"
-  for f in config.toml metrics.jsonl plan.json loss.png eval.json tb; do
+  for f in config.toml metrics.jsonl plan.json loss.png eval.json analysis tb; do
     [ -e "$WORK/runs/$1/$f" ] && cp -r "$WORK/runs/$1/$f" "$2/$1/"
   done
   local s e; s=$(cat "$WORK/runs/$1.start" 2>/dev/null); e=$(cat "$WORK/runs/$1.end" 2>/dev/null)

@@ -132,6 +132,9 @@ def test_analyze_cli_on_a_checkpoint_file_and_bad_paths(runs, tmp_path, capsys):
     assert adahop_main(["analyze", str(checkpoint), "--out", str(tmp_path / "a")]) == 0
     assert "(15 layers)" in capsys.readouterr().out
     assert "| nn.Linear | nn.Linear | nn.Linear |" in (tmp_path / "a" / "report.md").read_text()
+    assert adahop_main(["analyze", str(runs["bf16"]), "--out", str(tmp_path / "b"), "--no-heatmaps"]) == 0
+    assert "overview.png (15 layers)" in capsys.readouterr().out
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["overview.png", "report.json", "report.md"]
     assert adahop_main(["analyze", str(tmp_path / "missing")]) == 2
     assert "no such checkpoint" in capsys.readouterr().err
 

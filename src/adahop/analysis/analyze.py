@@ -80,17 +80,22 @@ def report_model(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Te
         return analyze_model(model, lambda m: m(inputs, targets)[1])
 
 
-def analyze(path: str | Path, out: str | Path | None = None) -> tuple[list[LayerReport], Path]:
-    """Write the report of a run's latest checkpoint (or of a checkpoint file) to ``out``."""
+def analyze(
+    path: str | Path, out: str | Path | None = None, *, heatmaps: bool = True
+) -> tuple[list[LayerReport], Path]:
+    """Write the report of a run's latest checkpoint (or of a checkpoint file) to ``out``;
+    ``heatmaps=False`` leaves out the per-layer figures (one file per layer)."""
     model, (inputs, targets), checkpoint = load_trained_model(path)
     reports = report_model(model, inputs, targets)
     out = Path(out) if out else checkpoint.parent.parent / "analysis"
-    (out / "heatmaps").mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     write_atomic(out / "report.md", markdown_report(reports, str(checkpoint)))
     write_atomic(out / "report.json", json.dumps([r.to_dict() for r in reports], indent=2) + "\n")
     plot_overview(reports, out / "overview.png")
-    for rep in reports:
-        plot_layer(rep, out / "heatmaps" / f"{rep.name}.png")
+    if heatmaps:
+        (out / "heatmaps").mkdir(exist_ok=True)
+        for rep in reports:
+            plot_layer(rep, out / "heatmaps" / f"{rep.name}.png")
     return reports, out
 
 
@@ -98,15 +103,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="adahop analyze", description=__doc__)
     parser.add_argument("path", help="a run directory (its latest checkpoint) or a checkpoint file")
     parser.add_argument("--out", help="output directory (default: <run>/analysis)")
+    parser.add_argument("--no-heatmaps", action="store_true", help="skip heatmaps/<layer>.png (one figure per layer)")
     args = parser.parse_args(argv)
     console = Console()
     from ..train import CheckpointError, ConfigError
 
     try:
-        reports, out = analyze(args.path, args.out)
+        reports, out = analyze(args.path, args.out, heatmaps=not args.no_heatmaps)
     except (CheckpointError, ConfigError, FileNotFoundError) as e:
         print(f"adahop analyze: error: {e}", file=sys.stderr)
         return 2
     print_report(reports, console)
-    console.print(f"wrote {out}/report.md, report.json, overview.png and heatmaps/ ({len(reports)} layers)")
+    figures = "" if args.no_heatmaps else " and heatmaps/"
+    console.print(f"wrote {out}/report.md, report.json, overview.png{figures} ({len(reports)} layers)")
     return 0
