@@ -25,8 +25,9 @@
 #                  run names are RECIPE-sSEED, or RECIPE-TAG-sSEED
 #   EXTRA [""]     adahop train arguments added to every run (split on spaces)
 #   COMPILE [0]    1: --training.compile=true (compile time counts against the 10 minutes)
-#   ANALYZE [1]    `adahop analyze --no-heatmaps` of every finished run after its eval (CPU, a few
-#                  seconds each, inside the eval deadline): runs/NAME/analysis/report.{md,json}, overview.png
+#   ANALYZE [1]    `adahop analyze --no-heatmaps --sequences 2` of every finished run after its eval (CPU:
+#                  37 s for the 125m on 2 cores; stopped 50 s before LIMIT): runs/NAME/analysis/report.{md,json},
+#                  overview.png
 #   LIMIT [590]    seconds from the start by which everything must be done (the call has 600)
 #   RESERVE [60]   seconds kept after training for eval, copying and the summary: runs that have
 #                  not finished by LIMIT - RESERVE are stopped and reported (incomplete/)
@@ -243,13 +244,14 @@ done
 
 # ---- 3b. outlier report of every finished run at its last step (adahop analyze, on the CPU) -------
 if [ "$ANALYZE" = 1 ]; then
-  say "adahop analyze of ${#FINISHED[@]} runs (patterns and MXFP4 errors at the last step, no heatmaps)"
+  say "adahop analyze of ${#FINISHED[@]} runs (patterns and MXFP4 errors at the last step, 2 sequences, no heatmaps)"
+  analyze_deadline=$((T0 + LIMIT - 50))  # compare and the summary come after it
   PIDS=()
   for name in "${FINISHED[@]}"; do
-    left=$((eval_deadline - $(date +%s)))
+    left=$((analyze_deadline - $(date +%s)))
     [ "$left" -lt 10 ] && { say "$name: no time left for analyze"; continue; }
     ( OMP_NUM_THREADS=3 timeout -k 5 "$left" python3 -m adahop analyze "$WORK/runs/$name" --out "$WORK/runs/$name/analysis" \
-        --no-heatmaps > "$OUT/logs/$name.analyze.log" 2>&1 || say "$name: analyze FAILED (exit $?; logs/$name.analyze.log)" ) &
+        --no-heatmaps --sequences 2 > "$OUT/logs/$name.analyze.log" 2>&1 || say "$name: analyze FAILED (exit $?; logs/$name.analyze.log)" ) &
     PIDS+=($!)
     if [ ${#PIDS[@]} -ge "$K" ]; then wait "${PIDS[@]}"; PIDS=(); fi
   done

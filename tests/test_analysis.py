@@ -135,6 +135,14 @@ def test_analyze_cli_on_a_checkpoint_file_and_bad_paths(runs, tmp_path, capsys):
     assert adahop_main(["analyze", str(runs["bf16"]), "--out", str(tmp_path / "b"), "--no-heatmaps"]) == 0
     assert "overview.png (15 layers)" in capsys.readouterr().out
     assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["overview.png", "report.json", "report.md"]
+    assert (
+        adahop_main(["analyze", str(runs["bf16"]), "--out", str(tmp_path / "c"), "--no-heatmaps", "--sequences", "1"])
+        == 0
+    )
+    full, one = (json.loads((tmp_path / d / "report.json").read_text())[0]["tensors"]["x"]["shape"] for d in "bc")
+    assert one[0] * 4 == full[0] and one[1] == full[1]  # the fixture's runs train on batches of 4 sequences
+    with pytest.raises(SystemExit):
+        adahop_main(["analyze", str(runs["bf16"]), "--sequences", "0"])
     assert adahop_main(["analyze", str(tmp_path / "missing")]) == 2
     assert "no such checkpoint" in capsys.readouterr().err
 

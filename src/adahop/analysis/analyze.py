@@ -63,13 +63,14 @@ def print_report(reports: list[LayerReport], console: Console) -> None:
     console.print(table)
 
 
-def load_trained_model(path: str | Path):
-    """(model, held-out batch, checkpoint path) for a run directory or a checkpoint file."""
+def load_trained_model(path: str | Path, sequences: int | None = None):
+    """(model, held-out batch, checkpoint path) for a run directory or a checkpoint file; the batch
+    is the first validation batch, or its first ``sequences`` rows."""
     from ..train import build_data, load_run
 
     model, cfg, state = load_run(path)
     inputs, targets = next(iter(build_data(cfg, progress=False).val))
-    return model, (inputs, targets), state["path"]
+    return model, (inputs[:sequences], targets[:sequences]), state["path"]
 
 
 def report_model(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> list[LayerReport]:
@@ -81,11 +82,12 @@ def report_model(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Te
 
 
 def analyze(
-    path: str | Path, out: str | Path | None = None, *, heatmaps: bool = True
+    path: str | Path, out: str | Path | None = None, *, heatmaps: bool = True, sequences: int | None = None
 ) -> tuple[list[LayerReport], Path]:
     """Write the report of a run's latest checkpoint (or of a checkpoint file) to ``out``;
-    ``heatmaps=False`` leaves out the per-layer figures (one file per layer)."""
-    model, (inputs, targets), checkpoint = load_trained_model(path)
+    ``heatmaps=False`` leaves out the per-layer figures (one file per layer); ``sequences``: measure
+    on the first that many sequences of the validation batch (the CPU reference is slow on big batches)."""
+    model, (inputs, targets), checkpoint = load_trained_model(path, sequences)
     reports = report_model(model, inputs, targets)
     out = Path(out) if out else checkpoint.parent.parent / "analysis"
     out.mkdir(parents=True, exist_ok=True)
@@ -104,12 +106,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("path", help="a run directory (its latest checkpoint) or a checkpoint file")
     parser.add_argument("--out", help="output directory (default: <run>/analysis)")
     parser.add_argument("--no-heatmaps", action="store_true", help="skip heatmaps/<layer>.png (one figure per layer)")
+    parser.add_argument(
+        "--sequences",
+        type=int,
+        metavar="N",
+        help="measure on the first N sequences of the validation batch (default: all)",
+    )
     args = parser.parse_args(argv)
+    if args.sequences is not None and args.sequences < 1:
+        parser.error(f"--sequences must be at least 1, got {args.sequences}")
     console = Console()
     from ..train import CheckpointError, ConfigError
 
     try:
-        reports, out = analyze(args.path, args.out, heatmaps=not args.no_heatmaps)
+        reports, out = analyze(args.path, args.out, heatmaps=not args.no_heatmaps, sequences=args.sequences)
     except (CheckpointError, ConfigError, FileNotFoundError) as e:
         print(f"adahop analyze: error: {e}", file=sys.stderr)
         return 2
