@@ -206,10 +206,12 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
     """``value`` (a command-line string or a TOML value) as type ``hint``."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
-        table_text = isinstance(value, str) and value.lstrip().startswith("{")
-        if isinstance(value, str) and str in args and not table_text:
-            return value  # a string that starts with "{" is read as an inline TOML table
-        for arm in (a for a in args if a is not type(None) and not (table_text and a is str)):
+        arms = [a for a in args if a is not type(None)]
+        if isinstance(value, str) and value.lstrip().startswith("{"):
+            arms = [a for a in arms if a is not str]  # "{...}" is an inline TOML table, not a string
+        elif isinstance(value, str) and str in arms:
+            return value
+        for arm in arms:
             try:
                 return _coerce(value, arm, key)
             except ConfigError:
