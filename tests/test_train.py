@@ -28,6 +28,7 @@ from adahop.train import (
 )
 from adahop.train.cli import main
 from adahop.train.config import dump_toml
+from adahop.train.metrics import peak_memory_mib
 from adahop.train.optim import lr_multiplier
 
 from conftest import SMALL_MODEL
@@ -155,6 +156,16 @@ def test_cli_errors_exit_2_with_choices(argv, expected, capsys):
         main(argv)
     assert exit_info.value.code == 2
     assert expected in capsys.readouterr().err
+
+
+def test_cuda_memory_fields_include_the_reserved_peak_that_counts_graph_pools(monkeypatch):
+    """Under CUDA graphs ``max_memory_allocated`` misses the graphs' private pools (measured in
+    benchmarks/results/2026-12-03-h200-step.md); the train record carries the reserved peak too."""
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 3 * 2**20)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device=None: 5 * 2**20)
+    assert peak_memory_mib(torch.device("cuda")) == {"memory_mib": 3.0, "memory_reserved_mib": 5.0}
+    cpu = peak_memory_mib(torch.device("cpu"))
+    assert list(cpu) == ["memory_mib"] and cpu["memory_mib"] > 0
 
 
 def test_lr_schedule_warmup_then_cosine():

@@ -4,9 +4,10 @@
 
 - ``{"kind": "train", "step", "loss", "lr", "grad_norm", "tokens", "tokens_per_s", "memory_mib", "phase"}``
   every ``logging.log_every`` steps (``loss`` is that step's loss; ``tokens`` counts all tokens
-  trained on so far; ``phase`` is ``"calibrating"`` or ``"frozen"``); a run on several ranks
-  (one record, by rank 0) sums ``tokens_per_s`` over ranks, reports the largest rank's
-  ``memory_mib`` and adds ``memory_mib_per_rank``, a list in rank order;
+  trained on so far; ``phase`` is ``"calibrating"`` or ``"frozen"``), plus ``memory_reserved_mib``
+  on CUDA (``peak_memory_mib``); a run on several ranks (one record, by rank 0) sums
+  ``tokens_per_s`` over ranks, reports the largest rank's memory figures and adds
+  ``memory_mib_per_rank``, a list in rank order;
 - ``{"kind": "val", "step", "loss", "perplexity"}`` every ``logging.val_every`` steps and at the end;
 - ``{"kind": "patterns", "step", "drift_x", "drift_w", "drift_g", "strategy_drift", "layers", "sampled"}``
   every ``training.pattern_telemetry_every`` steps after calibration (see ``telemetry``).
@@ -35,11 +36,17 @@ MIB = 2**20
 _RSS_UNIT = 1 if sys.platform == "darwin" else 1024
 
 
-def peak_memory_mib(device: torch.device) -> float:
-    """Peak CUDA memory allocated by tensors, or the process's peak resident set on CPU."""
+def peak_memory_mib(device: torch.device) -> dict[str, float]:
+    """The run's peak memory so far, as train-record fields. On CUDA ``memory_mib`` is what tensors
+    allocated and ``memory_reserved_mib`` what the caching allocator holds; only the second counts
+    the private pools of CUDA graphs, so it is the figure to compare when graphs replay. On CPU
+    ``memory_mib`` is the process's peak resident set."""
     if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / MIB
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * _RSS_UNIT / MIB
+        return {
+            "memory_mib": torch.cuda.max_memory_allocated(device) / MIB,
+            "memory_reserved_mib": torch.cuda.max_memory_reserved(device) / MIB,
+        }
+    return {"memory_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * _RSS_UNIT / MIB}
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:

@@ -398,8 +398,9 @@ class Trainer:
         """Log a train record (rank 0); ``tokens_per_s`` is this rank's, summed over ranks here."""
         memory, per_rank = peak_memory_mib(self.device), {}
         if self.env.distributed:  # a collective: every rank logs at the same steps
-            ranks = gather_floats(self.device, tokens_per_s, memory)
-            tokens_per_s, memory = sum(r[0] for r in ranks), max(r[1] for r in ranks)
+            ranks = gather_floats(self.device, tokens_per_s, *memory.values())
+            tokens_per_s = sum(r[0] for r in ranks)
+            memory = {name: max(r[1 + i] for r in ranks) for i, name in enumerate(memory)}
             per_rank = {"memory_mib_per_rank": [r[1] for r in ranks]}
         if metrics is None:
             return
@@ -411,7 +412,7 @@ class Trainer:
             grad_norm=grad_norm,
             tokens=self.step * self.tokens_per_step,
             tokens_per_s=tokens_per_s,
-            memory_mib=memory,
+            **memory,
             **per_rank,
             phase=self.phase,
         )
@@ -423,7 +424,8 @@ class Trainer:
             lr,
             grad_norm,
             f"{tokens_per_s:,.0f}",
-            f"{memory:,.0f}",
+            f"{memory['memory_mib']:,.0f}"
+            + (f" (reserved {memory['memory_reserved_mib']:,.0f})" if "memory_reserved_mib" in memory else ""),
             self.phase,
         )
 
