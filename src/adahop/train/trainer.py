@@ -103,11 +103,13 @@ def seed_everything(seed: int) -> None:
 
 
 def use_deterministic_kernels() -> None:
-    """Process-wide: PyTorch picks deterministic kernels from here on. The cuBLAS workspace setting
-    counts only before the process's first cuBLAS call; an op with no deterministic kernel warns
-    (naming itself) instead of stopping the run."""
+    """Process-wide: PyTorch picks deterministic kernels from here on. Strict, not ``warn_only``:
+    under ``warn_only`` the backward of flash and memory-efficient attention (SDPA on CUDA, whose
+    atomic adds order differently from run to run) only warns and keeps its nondeterministic
+    kernel. So an op with no deterministic kernel stops the run, naming itself. The cuBLAS
+    workspace setting counts only before the process's first cuBLAS call."""
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
 
