@@ -13,7 +13,7 @@ import torch
 from adahop import ops
 from adahop.formats import SCALE_RULES, quantize_mx
 from adahop.kernels.fold import fold_to_fp8_reference
-from adahop.kernels.quantize_fold import quantize_fold_fp8
+from adahop.kernels.quantize_fold import MAX_WARPS, _tile, quantize_fold_fp8
 from adahop.nn import AdaHOPLinear
 from adahop.policy.strategies import LayerPlan
 from adahop.transforms import hadamard_transform, random_signs
@@ -58,6 +58,26 @@ def test_matches_quantize_then_fold(scale_rule, rounding, hadamard_block_size):
 def test_sixteen_bit_inputs_with_signed_hadamard(dtype):
     x = hard_rows(18, 64, dtype)
     check(x, rounding="stochastic", seed=3, hadamard_block_size=32, signs=random_signs(32, seed=1))
+
+
+@pytest.mark.parametrize("rounding", ("nearest", "stochastic"))
+@pytest.mark.parametrize("hadamard_block_size", (0, 32))
+def test_rows_within_e4m3_normal_range(rounding, hadamard_block_size):
+    """Every program on the normal-range path (blocks within 11 binades of their row's largest),
+    with negative zeros, an all-zero row and a NaN row among them."""
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(48, 128, generator=gen) * torch.exp2(torch.randint(-12, 12, (48, 1), generator=gen))
+    x[::7, 5] = -0.0
+    x[9] = 0.0
+    x[20, 100] = float("nan")
+    check(x, rounding=rounding, seed=11, hadamard_block_size=hadamard_block_size)
+
+
+@pytest.mark.parametrize("n", (64, 512, 2048, 8192, 16384))
+def test_cuda_tiles_give_every_thread_one_block(n):
+    """A program holds whole rows and at least a warp's worth of blocks, one per thread."""
+    rows, block_n, warps = _tile(n, True)
+    assert block_n >= n and rows * block_n == 32 * 32 * warps or warps == MAX_WARPS
 
 
 def test_far_below_blocks_are_counted_not_hidden():

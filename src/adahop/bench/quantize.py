@@ -23,7 +23,9 @@ from dataclasses import asdict, dataclass
 import torch
 from triton.testing import do_bench, do_bench_cudagraph
 
+from ..kernels.fold import fold_to_fp8
 from ..kernels.quantize import quantize_mx_triton, quantize_mx_triton_both
+from ..kernels.quantize_fold import quantize_fold_fp8
 from ..kernels.quantize_tiling import QuantizeTiling, default_tiling
 
 # Candidates of ``--quantize-sweep``: tile areas of 1-32K elements on 1-8 warps.
@@ -134,6 +136,7 @@ def run(rows: int = 16384, cols: int = 4096, hadamard_block_size: int = 32, swee
         / (results["rowwise", hb, rounding].ms + results["colwise", hb, rounding].ms)
         for _, hb, rounding in settings
     }
+    folded = run_folded(x, hadamard_block_size, copy)
     nearest = [r.fraction_of_copy for r in results.values() if r.rounding == "nearest"]
     return {
         "shape": [rows, cols],
@@ -146,8 +149,31 @@ def run(rows: int = 16384, cols: int = 4096, hadamard_block_size: int = 32, swee
         "best_fraction_of_copy_bw": max(r.fraction_of_copy for r in results.values()),
         "both_time_vs_two_calls": both_vs_separate,
         "cases": [asdict(r) for r in results.values()],
+        "folded": folded,
         "sweep": timings,
     }
+
+
+def run_folded(x: torch.Tensor, hadamard_block_size: int, copy: float) -> list[dict]:
+    """What the training step runs besides the packed quantizer: row-wise quantization straight
+    into the folded E4M3 operand (forward X and W, dgrad's dY), per Hadamard and rounding, and
+    the fold of a packed column-wise operand (wgrad's saved X and dY, dgrad's Wᵀ)."""
+    cases = {}
+    for hb, rounding in itertools.product((0, hadamard_block_size), ROUNDINGS):
+        options = dict(rounding=rounding, seed=1, hadamard_block_size=hb)
+        cases["quantize_fold", hb, rounding] = (lambda options=options: quantize_fold_fp8(x, **options), x.nbytes)
+    packed = quantize_mx_triton(x, axis=0)
+    cases["fold", 0, "-"] = (lambda: fold_to_fp8(packed), packed.data.nbytes + packed.scales.nbytes)
+    results = []
+    for (kernel, hb, rounding), (fn, read) in cases.items():
+        out = fn()
+        ms = do_bench_cudagraph(fn)
+        moved = read + out.data.nbytes + out.row_scale.nbytes
+        results.append(
+            dict(kernel=kernel, hadamard_block_size=hb, rounding=rounding, ms=ms, fraction=moved / ms / 1e6 / copy)
+        )
+        print(f"{kernel:<14} {hb or '-':>8} {rounding:<10} {ms:>7.3f} {results[-1]['fraction']:>7.2f}")
+    return results
 
 
 def markdown(result: dict) -> list[str]:
@@ -166,5 +192,17 @@ def markdown(result: dict) -> list[str]:
         lines.append(
             f"| {c['orientation']} | {c['hadamard_block_size'] or '-'} | {c['rounding']} | "
             f"{t['block_m']}x{t['block_n']}/{t['num_warps']}w | {c['ms']:.3f} | {c['fraction_of_copy']:.2f} |"
+        )
+    lines += [
+        "",
+        "Into the folded E4M3 operand (bytes: input read, E4M3 and row scales written; the fold reads packed MXFP4):",
+        "",
+        "| kernel | Hadamard | rounding | kernel ms | of copy |",
+        "|---|---|---|---|---|",
+    ]
+    for c in result.get("folded", []):
+        lines.append(
+            f"| {c['kernel']} | {c['hadamard_block_size'] or '-'} | {c['rounding']} | {c['ms']:.3f} | "
+            f"{c['fraction']:.2f} |"
         )
     return lines

@@ -9,7 +9,10 @@ MXFP4 (that is where the memory saving is) and are folded when their GEMM runs.
 A fold needs each row's largest block exponent, so one program holds whole rows: ``BLOCK_N`` is
 the row length rounded up to a power of two, a thread keeps its blocks as in the row-wise
 quantize kernel (``quantize.row_blocks``), and the row maximum of the E8M0 codes is one
-reduction across the program before the codes are folded and stored.
+reduction across the program before the codes are folded and stored. Where every block of the
+program folds into a normal E4M3 number (the common case), the E4M3 pattern is a multiply-add
+of the magnitude code; otherwise the program takes the exact path of ``kernels.fold``, which
+rounds onto E4M3's subnormal grid and counts the elements that lose bits.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import triton.language as tl
 from ..formats.folded import FOLD_BLOCK, FoldedFP8, folds_directly
 from ..formats.mx import check_quantize_args
 from ..transforms.hadamard import check_hadamard_args
-from .fold import FLUSH_SHIFT, FOLD_OFFSET, _fold_nibbles
+from .fold import _MIN_NORMAL_SHIFT, FLUSH_SHIFT, FOLD_OFFSET, _fold_nibbles
 from .launch import INTERPRET, cdiv
 from .quantize import common_constexprs, seed_pointer, zero_seed
 from .quantize_blocks import row_blocks, row_codes
@@ -36,13 +39,35 @@ INTERPRETER_ROWS = 16  # the interpreter pays per program: many rows each
 _OFFSET = tl.constexpr(FOLD_OFFSET)
 _FLUSH = tl.constexpr(FLUSH_SHIFT)
 _E4M3_NAN = tl.constexpr(0x7F)
+_E4M3_SIGN = tl.constexpr(0x80)
 
 
 @triton.jit
-def _store_folded(out_ptr, codes, shift, nan, ok, offs):
-    """Fold one slice's codes by its blocks' ``shift`` and store the E4M3 bytes; returns the
-    number of elements per row that lost bits (none in NaN or masked blocks)."""
-    bits, lossy = _fold_nibbles(codes, shift)
+def sign_bit(v):
+    """1 where float32 ``v`` has its sign bit set (-0.0 included), else 0 (uint32)."""
+    return v.to(tl.uint32, bitcast=True) >> 31
+
+
+@triton.jit
+def _store_folded_normal(out_ptr, magnitudes, negative, exp_bits, sign_bits, nan_bits, ok, offs):
+    """Store one slice folded where every block of the program stays a normal E4M3 number.
+
+    An E2M1 magnitude code ``m = 2 * e + mantissa`` (m >= 2) times ``2**shift`` is the E4M3
+    pattern ``4 * m + exp_bits`` with ``exp_bits = 8 * (shift + 6)``; 0.5 (m = 1) is
+    ``exp_bits`` itself and zero stays zero. Multiply-adds and one select, no rounding: these
+    values are exact. A NaN block (its magnitudes all 0) stores ``nan_bits`` (0x7F), and its
+    ``sign_bits`` is 0.
+    """
+    bits = tl.where(magnitudes < 2, magnitudes * exp_bits + nan_bits, magnitudes * 4 + exp_bits)
+    bits += negative * sign_bits
+    tl.store(out_ptr + offs, bits.to(tl.uint8), mask=ok)
+
+
+@triton.jit
+def _store_folded_exact(out_ptr, magnitudes, negative, sign_weight, shift, nan, ok, offs):
+    """Store one slice folded with blocks below E4M3's normal range rounded onto its subnormal
+    grid; returns the number of elements per row that lost bits (none in NaN or masked blocks)."""
+    bits, lossy = _fold_nibbles(magnitudes + negative * sign_weight, shift)
     bits = tl.where(nan, _E4M3_NAN, bits)
     tl.store(out_ptr + offs, bits.to(tl.uint8), mask=ok)
     return tl.sum(tl.sum((lossy & ok & ~nan).to(tl.int32), axis=2), axis=1)
@@ -99,27 +124,42 @@ def _quantize_fold_rows_kernel(
         MBITS,
         MAX_CODE,
     )
-    # Philox counters as in the packed layout (word w holds elements 8w..8w+7), so the noise,
-    # and so the codes, are those of quantize_mx_triton.
+    # Magnitude codes (sign weight 0), with Philox counters as in the packed layout (word w holds
+    # elements 8w..8w+7), so the noise, and so the codes, are those of quantize_mx_triton.
     word0 = rows.to(tl.int64)[:, None] * (N // 8) + (blocks * 4)[None, :]
-    c0 = row_codes(v0, inv_scale, limit, sign_weight, word0, seed, STOCHASTIC, MBITS, EMIN)
-    c1 = row_codes(v1, inv_scale, limit, sign_weight, word0 + 1, seed, STOCHASTIC, MBITS, EMIN)
-    c2 = row_codes(v2, inv_scale, limit, sign_weight, word0 + 2, seed, STOCHASTIC, MBITS, EMIN)
-    c3 = row_codes(v3, inv_scale, limit, sign_weight, word0 + 3, seed, STOCHASTIC, MBITS, EMIN)
+    m0 = row_codes(v0, inv_scale, limit, 0, word0, seed, STOCHASTIC, MBITS, EMIN)
+    m1 = row_codes(v1, inv_scale, limit, 0, word0 + 1, seed, STOCHASTIC, MBITS, EMIN)
+    m2 = row_codes(v2, inv_scale, limit, 0, word0 + 2, seed, STOCHASTIC, MBITS, EMIN)
+    m3 = row_codes(v3, inv_scale, limit, 0, word0 + 3, seed, STOCHASTIC, MBITS, EMIN)
+    n0, n1, n2, n3 = sign_bit(v0), sign_bit(v1), sign_bit(v2), sign_bit(v3)
 
     # The row's reference: its largest finite block code (NaN blocks and blocks past N left out).
     row_ok = rows < M
     valid = row_ok[:, None] & (blocks < N // 32)[None, :]
     codes = scale_codes.to(tl.int32)
     nan_block = codes == 255
-    ref = tl.max(tl.where(valid & ~nan_block, codes, 0), axis=1)
-    shift = tl.maximum(codes - ref[:, None] + _OFFSET, _FLUSH)[:, :, None]
-    nan, ok = nan_block[:, :, None], valid[:, :, None]
+    counted = valid & ~nan_block
+    ref = tl.max(tl.where(counted, codes, 0), axis=1)
+    shift = codes - ref[:, None] + _OFFSET
     offs = rows.to(tl.int64)[:, None, None] * N + (blocks * 32)[None, :, None] + tl.arange(0, 8)[None, None, :]
-    lossy = _store_folded(out_ptr, c0, shift, nan, ok, offs)
-    lossy += _store_folded(out_ptr, c1, shift, nan, ok, offs + 8)
-    lossy += _store_folded(out_ptr, c2, shift, nan, ok, offs + 16)
-    lossy += _store_folded(out_ptr, c3, shift, nan, ok, offs + 24)
+    ok = valid[:, :, None]
+    # One decision per program keeps the common case free of rounding work and reductions.
+    if tl.min(tl.where(counted, shift, _OFFSET)) >= _MIN_NORMAL_SHIFT:
+        exp_bits = ((shift + _OFFSET) * 8)[:, :, None]
+        sign_bits = (sign_weight * (_E4M3_SIGN // 8)).to(tl.int32)  # 0x80, or 0 in a NaN block
+        nan_bits = tl.where(nan_block, _E4M3_NAN, 0)[:, :, None]
+        _store_folded_normal(out_ptr, m0.to(tl.int32), n0, exp_bits, sign_bits, nan_bits, ok, offs)
+        _store_folded_normal(out_ptr, m1.to(tl.int32), n1, exp_bits, sign_bits, nan_bits, ok, offs + 8)
+        _store_folded_normal(out_ptr, m2.to(tl.int32), n2, exp_bits, sign_bits, nan_bits, ok, offs + 16)
+        _store_folded_normal(out_ptr, m3.to(tl.int32), n3, exp_bits, sign_bits, nan_bits, ok, offs + 24)
+        lossy = tl.zeros([BLOCK_M], dtype=tl.int32)
+    else:
+        flushed = tl.maximum(shift, _FLUSH)[:, :, None]
+        nan = nan_block[:, :, None]
+        lossy = _store_folded_exact(out_ptr, m0, n0, sign_weight, flushed, nan, ok, offs)
+        lossy += _store_folded_exact(out_ptr, m1, n1, sign_weight, flushed, nan, ok, offs + 8)
+        lossy += _store_folded_exact(out_ptr, m2, n2, sign_weight, flushed, nan, ok, offs + 16)
+        lossy += _store_folded_exact(out_ptr, m3, n3, sign_weight, flushed, nan, ok, offs + 24)
 
     # 2**(ref - 127 - FOLD_OFFSET) from bits; a subnormal float32 when the biased exponent is <= 0.
     scale_exp = ref - _OFFSET
@@ -134,8 +174,10 @@ def _tile(n: int, on_cuda: bool) -> tuple[int, int, int]:
     block_n = triton.next_power_of_2(n)
     if not on_cuda:
         return INTERPRETER_ROWS, block_n, 1
-    warps = max(1, min(MAX_WARPS, block_n // (32 * ELEMENTS_PER_THREAD)))
-    return 1, block_n, warps
+    # At least a warp's worth of blocks per program: rows shorter than 32 blocks share one.
+    rows = max(1, 32 * ELEMENTS_PER_THREAD // block_n)
+    warps = max(1, min(MAX_WARPS, rows * block_n // (32 * ELEMENTS_PER_THREAD)))
+    return rows, block_n, warps
 
 
 def quantize_fold_fp8(
