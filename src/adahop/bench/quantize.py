@@ -14,6 +14,7 @@ Run as the ``quantize`` section of ``adahop bench``.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import multiprocessing
 import os
@@ -73,8 +74,15 @@ def graph_copy_gb_per_s(x: torch.Tensor) -> float:
     return 2 * x.numel() * x.element_size() / ms / 1e6
 
 
+@functools.cache
+def graph_seed(device: torch.device) -> torch.Tensor:
+    """The Philox key as a device tensor made before any capture: a Python int would be copied
+    to the device inside the CUDA graph that times the kernel, which capture forbids."""
+    return torch.tensor(1, dtype=torch.int64, device=device)
+
+
 def quantize_fn(x, orientation, hadamard_block_size, rounding, tiling):
-    kwargs = {"rounding": rounding, "seed": 1, "tiling": tiling}
+    kwargs = {"rounding": rounding, "seed": graph_seed(x.device), "tiling": tiling}
     kwargs["hadamard_block_size"] = hadamard_block_size
     if orientation == "both":
         return lambda: quantize_mx_triton_both(x, **kwargs)
@@ -160,7 +168,7 @@ def run_folded(x: torch.Tensor, hadamard_block_size: int, copy: float) -> list[d
     the fold of a packed column-wise operand (wgrad's saved X and dY, dgrad's Wᵀ)."""
     cases = {}
     for hb, rounding in itertools.product((0, hadamard_block_size), ROUNDINGS):
-        options = dict(rounding=rounding, seed=1, hadamard_block_size=hb)
+        options = dict(rounding=rounding, seed=graph_seed(x.device), hadamard_block_size=hb)
         cases["quantize_fold", hb, rounding] = (lambda options=options: quantize_fold_fp8(x, **options), x.nbytes)
     packed = quantize_mx_triton(x, axis=0)
     cases["fold", 0, "-"] = (lambda: fold_to_fp8(packed), packed.data.nbytes + packed.scales.nbytes)
