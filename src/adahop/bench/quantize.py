@@ -170,7 +170,7 @@ def run_folded(x: torch.Tensor, hadamard_block_size: int, copy: float) -> list[d
     for hb, rounding in itertools.product((0, hadamard_block_size), ROUNDINGS):
         options = dict(rounding=rounding, seed=graph_seed(x.device), hadamard_block_size=hb)
         cases["quantize_fold", hb, rounding] = (lambda options=options: quantize_fold_fp8(x, **options), x.nbytes)
-    packed = quantize_mx_triton(x, axis=0)
+    packed = quantize_mx_triton(x, axis=-1)  # the layout a column-wise operand is stored in
     cases["fold", 0, "-"] = (lambda: fold_to_fp8(packed), packed.data.nbytes + packed.scales.nbytes)
     results = []
     for (kernel, hb, rounding), (fn, read) in cases.items():
