@@ -207,12 +207,14 @@ def _fold_kernel(
 
 @dataclass(frozen=True)
 class FoldConfig:
-    """Tile of the fold kernel: rows per program, 8-byte pieces of each row per step."""
+    """Tile of the fold kernel: rows per program, 8-byte pieces of each row per step, warps and
+    the per-thread register cap (ptxas' maxnreg; None: the compiler's choice)."""
 
     block_r: int = 8
     chunk: int = 32
     scale_chunk: int = 128
     num_warps: int = 4
+    max_registers: int | None = 64  # more resident warps on long rows (results: 2026-12-04-h200-quantize-kernels)
 
 
 def fold_to_fp8(mx: MXTensor, config: FoldConfig = FoldConfig()) -> FoldedFP8:
@@ -246,5 +248,6 @@ def fold_to_fp8(mx: MXTensor, config: FoldConfig = FoldConfig()) -> FoldedFP8:
         CHUNK=config.chunk,
         SCALE_CHUNK=config.scale_chunk,
         num_warps=config.num_warps,
+        maxnreg=config.max_registers,
     )
     return FoldedFP8(data.view(torch.float8_e4m3fn), row_scale, lossy)

@@ -419,6 +419,7 @@ def _launch_plan(
     # Compile-time arguments every kernel takes: input handling, scale rule, rounding, format.
     constexprs = common_constexprs(dtype, on_cuda, fmt, scale_rule, rounding, signs_shape is not None)
     constexprs["num_warps"] = tiling.num_warps
+    constexprs["maxnreg"] = tiling.max_registers
     grid = (cdiv(M, tiling.block_m), cdiv(N, tiling.block_n))
     hadamard_scale = 1 / math.sqrt(hb) if hb else 1.0
     per_unit = _codes_per_unit(efmt, block_size)

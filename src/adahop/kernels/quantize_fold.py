@@ -34,6 +34,9 @@ from .quantize_blocks import row_blocks, row_codes
 
 ELEMENTS_PER_THREAD = 32  # one block per thread, as in the row-wise quantize kernel
 MAX_WARPS = 16
+# ptxas' per-thread register cap: the exact path would otherwise set the register count (and cap
+# the occupancy) of the common path; at 80 the common path does not spill (benchmarks/results/2026-12-04-h200-quantize-kernels.md).
+MAX_REGISTERS = 80
 INTERPRETER_ROWS = 16  # the interpreter pays per program: many rows each
 
 _OFFSET = tl.constexpr(FOLD_OFFSET)
@@ -224,6 +227,7 @@ def quantize_fold_fp8(
         BLOCK_N=block_n,
         HADAMARD=hadamard_block_size,
         num_warps=warps,
+        maxnreg=MAX_REGISTERS,
         **common_constexprs(x.dtype, x.is_cuda, "mxfp4", scale_rule, rounding, signs is not None),
     )
     return FoldedFP8(data.view(torch.float8_e4m3fn), row_scale, lossy)

@@ -15,11 +15,12 @@ MAX_WARPS = 32  # 1024 threads, the most a CUDA block can hold
 
 @dataclass(frozen=True)
 class QuantizeTiling:
-    """Tile shape and warps of one program; both tile sides are powers of two."""
+    """Tile shape, warps and register cap of one program; both tile sides are powers of two."""
 
     block_m: int = 32
     block_n: int = 128
     num_warps: int = 4
+    max_registers: int | None = None  # per thread (ptxas' maxnreg); None: the compiler's choice
 
     def fit(self, min_m: int, min_n: int) -> QuantizeTiling:
         """This tiling grown to at least ``min_m x min_n`` (whole MX and Hadamard blocks).
@@ -31,7 +32,7 @@ class QuantizeTiling:
         block_m = max(min_m, area // max(self.block_n, min_n))
         block_n = max(min_n, area // block_m)
         num_warps = min(self.num_warps * block_m * block_n // area, MAX_WARPS)
-        return QuantizeTiling(block_m, block_n, num_warps)
+        return QuantizeTiling(block_m, block_n, num_warps, self.max_registers)
 
 
 # The interpreter pays milliseconds per program: give each one a large tile.
