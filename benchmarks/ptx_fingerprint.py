@@ -53,7 +53,10 @@ PACKED_FOLD_POINTERS = {
 }
 
 
-def compile_sm90(kernel: triton.JITFunction, constexprs: dict, num_warps: int, pointers: dict) -> str:
+LAUNCH_OPTIONS = ("num_warps", "maxnreg")  # compile options, not kernel arguments
+
+
+def compile_sm90(kernel: triton.JITFunction, constexprs: dict, options: dict, pointers: dict) -> str:
     """The kernel's PTX for sm_90 with ``constexprs``, debug information left out."""
     names = kernel.arg_names
     signature = {
@@ -67,14 +70,14 @@ def compile_sm90(kernel: triton.JITFunction, constexprs: dict, num_warps: int, p
         for n in names
     }
     source = ASTSource(kernel, signature, constexprs={(names.index(n),): v for n, v in constexprs.items()})
-    ptx = triton.compile(source, target=SM90, options={"num_warps": num_warps}).asm["ptx"]
+    ptx = triton.compile(source, target=SM90, options=options).asm["ptx"]
     code = re.split(r"^\s*\.section\s+\.debug", ptx, maxsplit=1, flags=re.M)[0]
     lines = (line for line in code.splitlines() if not line.strip().startswith((".loc", ".file", "//")))
     return re.sub(r"\$L__\w+", "L", "\n".join(lines))
 
 
 def variants() -> Iterator[tuple[str, triton.JITFunction, dict, int, dict]]:
-    """(name, kernel, compile-time arguments, warps, pointer types) of bf16 MXFP4 launches."""
+    """(name, kernel, compile-time arguments, compile options, pointer types) of bf16 MXFP4 launches."""
     shape = (256, 512)
     for rowwise, colwise in ((True, False), (False, True), (True, True)):
         for rounding in ("nearest", "stochastic"):
@@ -94,7 +97,8 @@ def variants() -> Iterator[tuple[str, triton.JITFunction, dict, int, dict]]:
                     None,
                     None,
                 )
-                constexprs = {k: v for k, v in plan.constexprs.items() if k != "num_warps"}
+                constexprs = {k: v for k, v in plan.constexprs.items() if k not in LAUNCH_OPTIONS}
+                options = {k: plan.constexprs[k] for k in LAUNCH_OPTIONS if plan.constexprs.get(k) is not None}
                 if plan.kernel is q._quantize_mx_kernel:
                     constexprs["stride_n"] = 1  # the JIT specializes a unit stride
                 orientation = "both" if rowwise and colwise else "rowwise" if rowwise else "colwise"
@@ -102,7 +106,7 @@ def variants() -> Iterator[tuple[str, triton.JITFunction, dict, int, dict]]:
                     f"{plan.kernel.__name__} {orientation} {rounding} hadamard {hb}",
                     plan.kernel,
                     constexprs,
-                    plan.constexprs["num_warps"],
+                    options,
                     POINTERS,
                 )
     for rounding in ("nearest", "stochastic"):
@@ -118,17 +122,18 @@ def variants() -> Iterator[tuple[str, triton.JITFunction, dict, int, dict]]:
                 f"_quantize_fold_rows_kernel {rounding} hadamard {hb}",
                 qf._quantize_fold_rows_kernel,
                 constexprs,
-                warps,
+                {"num_warps": warps, "maxnreg": qf.MAX_REGISTERS},
                 FOLD_POINTERS,
             )
     config = fold.FoldConfig()
     constexprs = dict(HALF_BLOCK=16, BLOCK_R=config.block_r, CHUNK=config.chunk, SCALE_CHUNK=config.scale_chunk)
-    yield "_fold_kernel", fold._fold_kernel, constexprs, config.num_warps, PACKED_FOLD_POINTERS
+    options = {"num_warps": config.num_warps, "maxnreg": config.max_registers}
+    yield "_fold_kernel", fold._fold_kernel, constexprs, options, PACKED_FOLD_POINTERS
 
 
 def main() -> None:
-    for name, kernel, constexprs, warps, pointers in variants():
-        ptx = compile_sm90(kernel, constexprs, warps, pointers)
+    for name, kernel, constexprs, options, pointers in variants():
+        ptx = compile_sm90(kernel, constexprs, options, pointers)
         print(f"{name}: {hashlib.sha256(ptx.encode()).hexdigest()[:16]} ({len(ptx)} chars)")
 
 
