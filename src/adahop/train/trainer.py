@@ -6,9 +6,10 @@ high precision) and then freezes its plan. The trainer only notices the freeze, 
 table and saves ``plan.json``. After it, every ``training.pattern_telemetry_every`` steps, it
 samples the patterns again and logs how far they drifted from the plan (``telemetry``).
 
-The step never reads a value back from the device: a non-finite loss or gradient norm is refused
-there (that update and every later one), and the loop, which reads the steps' figures only to
-log, validate or checkpoint, stops at that read, naming the step (``nonfinite``).
+The step itself reads no value back from the device (calibrating layers and pattern telemetry
+do, on their steps): a non-finite loss or gradient norm is refused there (that update and every
+later one), and the loop, which reads the steps' figures only to log, validate or checkpoint,
+stops at that read, naming the step (``nonfinite``).
 
 Everything a step depends on (weights, optimizer and schedule, data position, each layer's
 plan and votes, the random generators that seed stochastic rounding) is in the checkpoint, so
@@ -347,8 +348,8 @@ class Trainer:
     def train_step(self) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimizer step over ``grad_accum`` micro-batches; returns its loss and gradient
         norm, left on the device (reading them waits for the step). The update is refused on the
-        device when either is not finite, or an earlier step's was (``nonfinite``): the step never
-        waits for the device. On a pattern-telemetry step the patterns it saw wait in
+        device when either is not finite, or an earlier step's was (``nonfinite``), so a frozen
+        step never waits for the device. On a pattern-telemetry step the patterns it saw wait in
         ``pattern_record``."""
         self._maybe_compile()
         self._maybe_graph()
