@@ -4,8 +4,9 @@ The training step reads no value on the host; a non-finite gradient changes no w
 optimizer state, nor does any step after it; the run stops at its next read, naming the step that
 went bad, before writing a checkpoint; and it resumes from the last good one as if nothing happened.
 
-The trainer tests run with the single-tensor AdamW of CPU runs, with the fused AdamW the trainer
-uses on CUDA (by its CPU kernel here) and, on a GPU, on CUDA itself.
+The tests run with the single-tensor AdamW of CPU runs and with the fused AdamW the trainer uses on
+CUDA (by its CPU kernel here), on plain and on FSDP2-sharded parameters; on a GPU the trainer
+tests also run on CUDA itself.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from adahop.train import NonFiniteLossError, Trainer, latest_checkpoint, load_config, read_metrics
@@ -108,6 +112,36 @@ def test_a_refused_first_step_leaves_the_optimizer_as_new(fused):
     step_unless_non_finite(refused, torch.zeros(()), *FINITE)
     fresh.step()
     assert_same(snapshot(refused), snapshot(fresh))
+
+
+def full_state(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """Every parameter and state tensor, gathered whole from its shards where sharded."""
+    whole = lambda t: t.full_tensor() if isinstance(t, DTensor) else t  # noqa: E731
+    tensors = [*params(optimizer), *(v for state in optimizer.state.values() for v in state.values())]
+    return [whole(t).detach().clone() for t in tensors]
+
+
+@pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
+@pytest.mark.parametrize("fused", [False, True], ids=["single-tensor", "fused"])
+def test_a_step_on_fsdp2_shards_is_refused_alike(fused, tmp_path):
+    """Under FSDP2 the parameters and moments are DTensors; the flag, a plain scalar, is
+    replicated over them (one process over gloo)."""
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 4))
+        fully_shard(model)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, fused=fused)
+        found_inf = torch.zeros(())
+        for loss in (1.0, NAN):
+            before = full_state(optimizer)
+            model(torch.randn(2, 8)).sum().backward()
+            step_unless_non_finite(optimizer, found_inf, torch.tensor(loss), torch.tensor(1.0))
+            optimizer.zero_grad()
+        assert isinstance(params(optimizer)[0], DTensor)
+        assert_same(full_state(optimizer), before)
+    finally:
+        dist.destroy_process_group()
 
 
 def test_pending_steps_are_read_oldest_first_and_once():
