@@ -130,7 +130,9 @@ def train_losses(run: Path) -> list[float]:
 ONE_BLOCK = {"model__overrides__n_layers": 1}
 # mxfp4_hadamard quantizes every GEMM from step 1; dY rounds to nearest, so the 2-rank run can be
 # compared with one process (stochastic rounding draws its noise per rank).
-DIVERGING = {"recipe": "bf16", "optim__lr": 1e6, "optim__warmup_steps": 0}
+# Read on the host every 4 steps only: until then the ranks refuse the bad steps on the device.
+DIVERGING = {"recipe": "bf16", "optim__lr": 1e6, "optim__warmup_steps": 0, "logging__log_every": 4}
+DIVERGING |= {"logging__val_every": 4, "checkpoint__interval": 4}
 TELEMETRY = {"training__pattern_telemetry_every": 2}  # the resumed run samples patterns, the straight one not
 NEAREST = ONE_BLOCK | {"recipe": "mxfp4_hadamard", "recipe__grad_rounding": "nearest", "training__steps": 4}
 
@@ -254,15 +256,18 @@ def test_one_process_checkpoint_resumes_on_two_ranks(runs):
 
 
 def test_a_diverging_loss_stops_every_rank_with_one_message(runs):
-    """Every rank sees the same loss (averaged over ranks) and gradient norm, so all stop before
-    the same update; rank 0 reports."""
-    _, results = runs
+    """Every rank sees the same loss (averaged over ranks) and gradient norm, so all refuse the
+    same updates on the device and stop at the same read; rank 0 reports. No checkpoint is
+    written from the bad step on."""
+    root, results = runs
     assert [status for status, _ in results[5]] == [1, 1]
     lines = [line for _, err in results[5] for line in err.splitlines() if "error:" in line]
     assert len(lines) == 1 and "Traceback" not in results[5][0][1] + results[5][1][1]
     # lr 1e6 overflows within a few steps; on which one depends on the CPU's float summation order.
     bad = re.search(r"at step (\d+) with recipe 'bf16'", lines[0])
     assert lines[0].startswith("adahop train: error: ") and bad and int(bad.group(1)) >= 2, lines
+    latest = latest_checkpoint(root / "diverging")
+    assert latest is None or int(latest.name.removeprefix("step_")) < int(bad.group(1))
 
 
 def test_a_failed_sharded_write_stops_every_rank_and_keeps_the_last_checkpoint(runs):

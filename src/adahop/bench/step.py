@@ -183,9 +183,10 @@ def measure(recipe: str, preset: str, batch: int, mode: str) -> dict:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         start = time.perf_counter()
-        losses = [trainer.train_step()[0] for _ in range(TIMED_STEPS)]
+        losses = [trainer.train_step()[0] for _ in range(TIMED_STEPS)]  # on the device: the step never waits
         torch.cuda.synchronize()
         seconds = (time.perf_counter() - start) / TIMED_STEPS
+        losses = torch.stack(losses).tolist()
         result = {
             "tokens_per_s": batch * SEQ_LEN / seconds,
             "step_ms": seconds * 1e3,

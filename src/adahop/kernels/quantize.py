@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import triton
@@ -460,7 +461,18 @@ def _launch_plan(
     )
 
 
-def _quantize(
+class QuantizeLaunch(NamedTuple):
+    """One quantize call, ready to go: ``kernel[grid](**arguments)`` writes ``row`` and ``col``
+    (the orientations asked for; None for the other)."""
+
+    kernel: triton.JITFunction
+    grid: tuple[int, int]
+    arguments: dict  # every kernel parameter by name, and the launch options (num_warps)
+    row: MXTensor | None
+    col: MXTensor | None
+
+
+def quantize_launch(
     x: torch.Tensor,
     fmt: str,
     *,
@@ -473,7 +485,9 @@ def _quantize(
     hadamard_block_size: int,
     signs: torch.Tensor | None,
     tiling: QuantizeTiling | None,
-) -> tuple[MXTensor | None, MXTensor | None]:
+) -> QuantizeLaunch:
+    """The launch that quantizes ``x``, prepared (arguments checked, outputs allocated) but not
+    made: what ``_quantize`` runs, and what ``benchmarks/host_overhead.py`` times on its own."""
     check_quantize_args(x, fmt, block_size, scale_rule, rounding)
     if x.dim() != 2:
         raise ValueError(f"the fused quantizer takes 2-D tensors, got shape {tuple(x.shape)}")
@@ -510,10 +524,14 @@ def _quantize(
         args |= {names[0]: data.view(torch.int32) if plan.word_units else data, names[1]: scales}
         results.append(MXTensor(data, scales, fmt, axis, block_size, x.shape))
     seed_ptr = seed_pointer(x.device, seed) if rounding == "stochastic" else zero_seed(x.device)
-    plan.kernel[plan.grid](
-        **args, **plan.sizes, seed_ptr=seed_ptr, hadamard_scale=plan.hadamard_scale, **plan.constexprs
-    )
-    return results[0], results[1]
+    args.update(plan.sizes, seed_ptr=seed_ptr, hadamard_scale=plan.hadamard_scale, **plan.constexprs)
+    return QuantizeLaunch(plan.kernel, plan.grid, args, results[0], results[1])
+
+
+def _quantize(x: torch.Tensor, fmt: str, **options) -> tuple[MXTensor | None, MXTensor | None]:
+    launch = quantize_launch(x, fmt, **options)
+    launch.kernel[launch.grid](**launch.arguments)
+    return launch.row, launch.col
 
 
 def quantize_mx_triton(

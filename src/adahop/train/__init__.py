@@ -9,6 +9,7 @@
 | `distributed`        | torchrun's process group, FSDP2 sharding, failures across ranks |
 | `sharded_checkpoint` | the checkpoints of a multi-process run (DCP)                    |
 | `metrics`            | `metrics.jsonl`, TensorBoard, `loss.png`                        |
+| `nonfinite`          | non-finite steps: refused on the device, reported later         |
 | `trainer`            | the loop                                                        |
 | `cli`                | the command line                                                |
 

@@ -6,6 +6,11 @@ high precision) and then freezes its plan. The trainer only notices the freeze, 
 table and saves ``plan.json``. After it, every ``training.pattern_telemetry_every`` steps, it
 samples the patterns again and logs how far they drifted from the plan (``telemetry``).
 
+The step itself reads no value back from the device (calibrating layers and pattern telemetry
+do, on their steps): a non-finite loss or gradient norm is refused there (that update and every
+later one), and the loop, which reads the steps' figures only to log, validate or checkpoint,
+stops at that read, naming the step (``nonfinite``).
+
 Everything a step depends on (weights, optimizer and schedule, data position, each layer's
 plan and votes, the random generators that seed stochastic rounding) is in the checkpoint, so
 on CPU a resumed run reproduces the uninterrupted one bit for bit.
@@ -66,6 +71,7 @@ from .distributed import (
 )
 from .graphs import GraphedMicroStep
 from .metrics import METRICS_FILE, PLOT_FILE, MetricsLogger, peak_memory_mib, plot_losses, read_metrics
+from .nonfinite import PendingSteps, StepFigures, step_unless_non_finite
 from .optim import apply_hyperparameters, build_lr_scheduler, build_optimizer
 from .sharded_checkpoint import (
     load_full,
@@ -85,7 +91,7 @@ CORRUPT_SUFFIX = ".corrupt"  # an unreadable checkpoint is renamed aside, never 
 
 
 class NonFiniteLossError(RuntimeError):
-    """The loss or the gradient norm became NaN or infinite; that update was not applied."""
+    """The loss or the gradient norm became NaN or infinite; that update, and any after it, was not applied."""
 
 
 @dataclass
@@ -145,6 +151,8 @@ class Trainer:
                     self.env.world_size,
                 )
         self.optimizer = build_optimizer(self.model, cfg.optim, self.device)
+        # 1 once a step's loss or gradient norm was not finite: from then on the optimizer applies nothing.
+        self._found_inf = torch.zeros((), dtype=torch.float32, device=self.device)
         self.named_layers = adahop_layers(self.model)
         self.layers = list(self.named_layers.values())
         self.tokens_per_step = cfg.data.batch_size * cfg.data.seq_len * cfg.training.grad_accum
@@ -337,9 +345,12 @@ class Trainer:
             return {}
         return calibrated_layers(self.named_layers)
 
-    def train_step(self) -> tuple[float, float]:
-        """One optimizer step over ``grad_accum`` micro-batches; returns (loss, grad norm). On a
-        pattern-telemetry step the patterns it saw wait in ``pattern_record``."""
+    def train_step(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """One optimizer step over ``grad_accum`` micro-batches; returns its loss and gradient
+        norm, left on the device (reading them waits for the step). The update is refused on the
+        device when either is not finite, or an earlier step's was (``nonfinite``), so a frozen
+        step never waits for the device. On a pattern-telemetry step the patterns it saw wait in
+        ``pattern_record``."""
         self._maybe_compile()
         self._maybe_graph()
         accum = self.cfg.training.grad_accum
@@ -353,29 +364,38 @@ class Trainer:
             if self.env.distributed:
                 merge_over_ranks(votes, self.device)
             self.pattern_record = drift_record(sampled, votes)
-        loss_mean = loss_sum / accum
-        loss = (all_ranks_mean(loss_mean) if self.env.distributed else loss_mean).item()
+        loss = loss_sum / accum
+        if self.env.distributed:  # every rank gets the same loss and norm, so all refuse the same steps
+            loss = all_ranks_mean(loss)
         max_norm = self.cfg.optim.grad_clip or math.inf  # inf: measure the norm, clip nothing
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
         if isinstance(grad_norm, DTensor):  # sharded gradients: the norm of the whole gradient
             grad_norm = grad_norm.full_tensor()
-        grad_norm = grad_norm.item()
-        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-            if not self.env.is_main:  # every rank sees the same global loss: rank 0 reports it
-                raise PeerFailedError(f"non-finite loss or gradient at step {self.step + 1}")
-            raise self._non_finite(f"loss is {loss}" if not math.isfinite(loss) else f"gradient norm is {grad_norm}")
-        self.optimizer.step()
+        step_unless_non_finite(self.optimizer, self._found_inf, loss, grad_norm)
         self.scheduler.step()
         if self._graphed is None:  # the graphs own .grad: the next first micro-step overwrites it
             self.optimizer.zero_grad(set_to_none=True)
         return loss, grad_norm
 
-    def _non_finite(self, what: str) -> NonFiniteLossError:
+    def _read_steps(self, pending: PendingSteps) -> StepFigures | None:
+        """The figures of the steps since the last read, read on the host; the latest step's, or
+        None when none ran. A non-finite step (its update and every later one were refused)
+        stops the run here, naming it."""
+        figures = pending.read()
+        bad = next((f for f in figures if not f.finite), None)
+        if bad is not None:
+            if not self.env.is_main:  # every rank sees the same global loss: rank 0 reports it
+                raise PeerFailedError(f"non-finite loss or gradient at step {bad.step}")
+            what = f"loss is {bad.loss}" if not math.isfinite(bad.loss) else f"gradient norm is {bad.grad_norm}"
+            raise self._non_finite(what, bad.step, bad.lr)
+        return figures[-1] if figures else None
+
+    def _non_finite(self, what: str, step: int, lr: float) -> NonFiniteLossError:
         latest = latest_checkpoint(self.run_dir)
         advice = "resume from it with --resume and a lower --optim.lr" if latest else "lower --optim.lr"
         return NonFiniteLossError(
-            f"{what} at step {self.step + 1} with recipe {self.cfg.recipe.name!r} "
-            f"(lr {self.scheduler.get_last_lr()[0]:.3g}); stopped before applying the update. "
+            f"{what} at step {step} with recipe {self.cfg.recipe.name!r} "
+            f"(lr {lr:.3g}); stopped before applying the update. "
             f"Last good checkpoint: {latest or 'none written yet'}; {advice}"
         )
 
@@ -456,49 +476,63 @@ class Trainer:
 
     def train(self) -> TrainResult:
         """Train to ``training.steps``: log, validate and checkpoint on their intervals and after
-        the last step; always leave ``loss.png`` behind, even when stopped by an error."""
+        the last step; always leave ``loss.png`` behind, even when stopped by an error. The
+        steps' figures are read on the host only there (and on pattern-telemetry steps), which
+        is where a non-finite step stops the run."""
         cfg, every = self.cfg, self.cfg.logging
         steps = cfg.training.steps
         log.info(self._describe())
         self.model.train()
         loss = val_loss = math.nan
-        timed_steps, step_time = 0, 0.0  # since the last log, in train_step only (no eval, no saving)
+        pending = PendingSteps()
+        # Steps and seconds since the last log, in training only (no eval, no saving): a read
+        # waits for the device, so the time up to it is the steps' time.
+        timed_steps, step_time, resumed = 0, 0.0, time.perf_counter()
         bar, phase = self._progress_bar(), self.phase
         records = MetricsLogger(self.run_dir, self.step) if self.env.is_main else contextlib.nullcontext()
         try:
             with records as metrics:
                 while self.step < steps:
                     lr = self.scheduler.get_last_lr()[0]
-                    start = time.perf_counter()
                     try:
-                        loss, grad_norm = self.train_step()
+                        pending.add(self.step + 1, lr, *self.train_step())
                     except NonFiniteTensorError:  # seen by a layer measuring its patterns, before the loss
+                        self._read_steps(pending)  # an earlier non-finite step is the one to report
                         which = (
                             "a calibrating layer"
                             if self.phase == "calibrating"
                             else "a layer sampled for pattern telemetry"
                         )
-                        raise self._non_finite(f"an operand of {which} holds NaN or Inf") from None
-                    timed_steps, step_time = timed_steps + 1, step_time + time.perf_counter() - start
+                        raise self._non_finite(f"an operand of {which} holds NaN or Inf", self.step + 1, lr) from None
+                    timed_steps += 1
                     self.step += 1
                     self._maybe_save_plan()
-                    tokens_per_s = timed_steps * self.tokens_per_step / self.env.world_size / step_time  # this rank's
-                    total = tokens_per_s * self.env.world_size  # the bar's estimate of all ranks' rate
-                    bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{total:,.0f}", phase=self.phase, refresh=False)
                     bar.update()
                     if self.phase != phase:  # frozen steps run at another speed: a new bar, a new ETA
                         bar.close()
                         bar, phase = self._progress_bar(), self.phase
                     last = self.step == steps
+                    log_now = self.step % every.log_every == 0 or last
+                    val_now = self.step % every.val_every == 0 or last
+                    save_now = self.step % cfg.checkpoint.interval == 0 or last
+                    if not (log_now or val_now or save_now or self.pattern_record is not None):
+                        continue
+                    latest = self._read_steps(pending)
+                    loss = latest.loss
+                    step_time += time.perf_counter() - resumed
+                    tokens_per_s = timed_steps * self.tokens_per_step / self.env.world_size / step_time  # this rank's
+                    total = tokens_per_s * self.env.world_size  # the bar's estimate of all ranks' rate
+                    bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{total:,.0f}", phase=self.phase, refresh=False)
                     if self.pattern_record is not None:
                         self._log_patterns(metrics)
-                    if self.step % every.log_every == 0 or last:
-                        self._log_train(metrics, loss, lr, grad_norm, tokens_per_s)
+                    if log_now:
+                        self._log_train(metrics, loss, latest.lr, latest.grad_norm, tokens_per_s)
                         timed_steps, step_time = 0, 0.0
-                    if self.step % every.val_every == 0 or last:
+                    if val_now:
                         val_loss = self._validate(metrics)
-                    if self.step % cfg.checkpoint.interval == 0 or last:
+                    if save_now:
                         self.save()
+                    resumed = time.perf_counter()
         except BaseException:
             bar.close()
             self._plot(stopping=True)
