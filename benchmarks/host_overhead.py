@@ -48,7 +48,7 @@ def launch_paths(x: torch.Tensor) -> dict[str, float]:
     from adahop.kernels import quantize as qk
 
     plan = qk._launch_plan(
-        *x.shape, x.dtype, x.stride(), True, "mxfp4", True, False, 32, "floor", "nearest", 0, None, None
+        *x.shape, x.dtype, x.stride(), True, "mxfp4", True, False, 32, "floor", "nearest", 0, None, False, None
     )
     data = torch.empty(plan.row_shapes[0], dtype=torch.uint8, device=x.device).view(torch.int32)
     scales = torch.empty(plan.row_shapes[1], dtype=torch.uint8, device=x.device)
