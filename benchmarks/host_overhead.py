@@ -63,7 +63,9 @@ LAUNCH_OPTIONS = {f.name for f in dataclasses.fields(CUDAOptions)}  # num_warps,
 
 
 def prepare(x: torch.Tensor, options: dict) -> QuantizeLaunch:
-    return quantize_launch(x, "mxfp4", block_size=32, scale_rule="floor", seed=3, signs=None, tiling=None, **options)
+    return quantize_launch(
+        x, "mxfp4", block_size=32, scale_rule="floor", seed=3, signs=None, scores=False, tiling=None, **options
+    )
 
 
 def in_signature_order(launch: QuantizeLaunch) -> list:

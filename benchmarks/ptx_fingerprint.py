@@ -40,8 +40,9 @@ POINTERS = {
     "data_ptr": "*i32",
     "out_ptr": "*u8",
     "lossy_ptr": "*i32",
+    "score_ptr": "*i32",  # raised by atomic max on the float32 bits
 }
-FOLD_POINTERS = {**POINTERS, "row_scale_ptr": "*i32"}  # float32 row scales written as their bits
+FOLD_POINTERS = {**POINTERS, "row_scale_ptr": "*i32", "score_ptr": "*fp32"}  # row scales written as bits
 # The fold of packed MXFP4: codes and scales in, a byte-pair table, E4M3 pairs out (as int16).
 PACKED_FOLD_POINTERS = {
     "data_ptr": "*u8",
@@ -76,10 +77,23 @@ def compile_sm90(kernel: triton.JITFunction, constexprs: dict, options: dict, po
     return re.sub(r"\$L__\w+", "L", "\n".join(lines))
 
 
-def variants() -> Iterator[tuple[str, triton.JITFunction, dict, int, dict]]:
-    """(name, kernel, compile-time arguments, compile options, pointer types) of bf16 MXFP4 launches."""
+def _scored(constexprs: dict) -> dict:
+    """A launch without scores passes no score pointer (a constexpr None, as at run time)."""
+    return constexprs if constexprs["SCORES"] else {**constexprs, "score_ptr": None}
+
+
+def variants() -> Iterator[tuple[str, triton.JITFunction, dict, dict, dict]]:
+    """(name, kernel, compile-time arguments, compile options, pointer types) of bf16 MXFP4 launches;
+    those that record outlier scores are named so (one orientation only)."""
     shape = (256, 512)
-    for rowwise, colwise in ((True, False), (False, True), (True, True)):
+    orientations = (
+        (True, False, False),
+        (False, True, False),
+        (True, True, False),
+        (True, False, True),
+        (False, True, True),
+    )
+    for rowwise, colwise, scores in orientations:
         for rounding in ("nearest", "stochastic"):
             for hb in (0, 32):
                 plan = q._launch_plan(
@@ -95,36 +109,38 @@ def variants() -> Iterator[tuple[str, triton.JITFunction, dict, int, dict]]:
                     rounding,
                     hb,
                     None,
+                    scores,
                     None,
                 )
-                constexprs = {k: v for k, v in plan.constexprs.items() if k not in LAUNCH_OPTIONS}
+                constexprs = _scored({k: v for k, v in plan.constexprs.items() if k not in LAUNCH_OPTIONS})
                 options = {k: plan.constexprs[k] for k in LAUNCH_OPTIONS if plan.constexprs.get(k) is not None}
                 if plan.kernel is q._quantize_mx_kernel:
                     constexprs["stride_n"] = 1  # the JIT specializes a unit stride
                 orientation = "both" if rowwise and colwise else "rowwise" if rowwise else "colwise"
                 yield (
-                    f"{plan.kernel.__name__} {orientation} {rounding} hadamard {hb}",
+                    f"{plan.kernel.__name__} {orientation} {rounding} hadamard {hb}{' scores' * scores}",
                     plan.kernel,
                     constexprs,
                     options,
                     POINTERS,
                 )
-    for rounding in ("nearest", "stochastic"):
-        for hb in (0, 32):
-            block_m, block_n, warps = qf._tile(2048, True)
-            constexprs = dict(
-                q.common_constexprs(torch.bfloat16, True, "mxfp4", "floor", rounding, False),
-                BLOCK_M=block_m,
-                BLOCK_N=block_n,
-                HADAMARD=hb,
-            )
-            yield (
-                f"_quantize_fold_rows_kernel {rounding} hadamard {hb}",
-                qf._quantize_fold_rows_kernel,
-                constexprs,
-                {"num_warps": warps, "maxnreg": qf.MAX_REGISTERS},
-                FOLD_POINTERS,
-            )
+    for scores in (False, True):
+        for rounding in ("nearest", "stochastic"):
+            for hb in (0, 32):
+                block_m, block_n, warps = qf._tile(2048, True)
+                constexprs = dict(
+                    q.common_constexprs(torch.bfloat16, True, "mxfp4", "floor", rounding, False, scores),
+                    BLOCK_M=block_m,
+                    BLOCK_N=block_n,
+                    HADAMARD=hb,
+                )
+                yield (
+                    f"_quantize_fold_rows_kernel {rounding} hadamard {hb}{' scores' * scores}",
+                    qf._quantize_fold_rows_kernel,
+                    _scored(constexprs),
+                    {"num_warps": warps, "maxnreg": qf.MAX_REGISTERS},
+                    FOLD_POINTERS,
+                )
     config = fold.FoldConfig()
     constexprs = dict(HALF_BLOCK=16, BLOCK_R=config.block_r, CHUNK=config.chunk, SCALE_CHUNK=config.scale_chunk)
     options = {"num_warps": config.num_warps, "maxnreg": config.max_registers}

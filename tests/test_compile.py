@@ -94,8 +94,8 @@ def test_fake_kernels_give_shapes_on_meta():
     from adahop import ops
 
     x = torch.empty(100, 70, device="meta")
-    data, scales = ops.quantize_mx_op(x, "mxfp4", 0, 32, "floor", "nearest", torch.tensor(0), 0, None)
-    assert data.shape == (70, 64) and scales.shape == (70, 4)
+    data, scales, scores = ops.quantize_mx_op(x, "mxfp4", 0, 32, "floor", "nearest", torch.tensor(0), 0, None, True)
+    assert data.shape == (70, 64) and scales.shape == (70, 4) and scores.shape == (70,)
     out = ops.mx_matmul_op(
         torch.empty(8, 48, dtype=torch.uint8, device="meta"),
         torch.empty(8, 3, dtype=torch.uint8, device="meta"),
@@ -173,3 +173,52 @@ def test_compiled_block_quantizes_a_shared_input_once():
         compiled(x, *rope).sum().backward()
     # Per block 7 layers x 6 operands eagerly; compiled, X and Xᵀ of wk, wv and w3 are shared.
     assert eager_calls == 42 and len(calls) == 42 - 6
+
+
+def test_compiled_block_takes_outlier_scores_from_its_quantize_ops():
+    """Every layer of a block extracting outliers (forward X, dgrad dY, wgrad Xᵀ): one graph,
+    compiled once (new stochastic-rounding keys every step), no separate score pass in it, and
+    an input shared by layers that all extract from it (X and Xᵀ of wq/wk/wv, of w1/w3) still
+    quantized, and its rows selected, once. Where one of them does not extract, its plain call
+    and the others' scored call stay apart: one more quantization of that input."""
+    from functorch.compile import min_cut_rematerialization_partition
+    from torch._dynamo.backends.common import aot_autograd
+
+    from adahop.models import build_model
+    from adahop.nn import adahop_layers
+
+    torch.manual_seed(0)
+    model = convert_model(build_model("tiny", vocab_size=256), "adahop_lv2")
+    block = model.layers[0]
+    x = torch.randn(2, 32, block.attention.wq.in_features, requires_grad=True)
+    rope = model.rope_cos[:32], model.rope_sin[:32]
+    graphs = []
+    compiler = lambda gm, _: graphs.append(str(gm.graph)) or gm  # noqa: E731
+    backend = aot_autograd(fw_compiler=compiler, partition_fn=min_cut_rematerialization_partition)
+
+    def count_calls(wk_plan: LayerPlan) -> tuple[int, int, int, int]:
+        """(quantize calls recording scores, plain ones, selections) of one compiled step, and
+        the eager quantize calls."""
+        for layer in adahop_layers(model).values():
+            layer.set_plan(LayerPlan("oe_left", "oe_left", "oe_right"))
+        block.attention.wk.set_plan(wk_plan)
+        calls, selections = [], []
+        quantize, select = ops._quantize_mx_cpu, ops.top_rows_reference
+        with torch.library._scoped_library("adahop", "IMPL") as lib:
+            lib.impl("quantize_mx", lambda *args: calls.append(args[-1]) or quantize(*args), "CPU")
+            lib.impl("top_rows", lambda *args: selections.append(1) or select(*args), "CPU")
+            block(x, *rope).sum().backward()
+            eager, calls[:], selections[:] = len(calls), [], []
+            torch._dynamo.reset()
+            compiled = torch.compile(block, backend=backend, fullgraph=True)
+            for step in range(2):
+                with torch._dynamo.config.patch(error_on_recompile=step > 0):
+                    compiled(x, *rope).sum().backward()
+        return calls.count(True) // 2, calls.count(False) // 2, len(selections) // 2, eager
+
+    # Per layer X, Xᵀ and dY record scores, W, Wᵀ and dYᵀ do not; compiled, X and Xᵀ of wk, wv
+    # and w3 are shared.
+    assert count_calls(LayerPlan("oe_left", "oe_left", "oe_right")) == (21 - 6, 21, 21 - 6, 42)
+    assert graphs and not any("vector_norm" in g for g in graphs)
+    # wk's forward X plain (IHT): wq's and wv's scored X merge with each other, not with it.
+    assert count_calls(LayerPlan("iht", "oe_left", "oe_right")) == (20 - 5, 22, 20 - 5, 42)

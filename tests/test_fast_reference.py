@@ -171,8 +171,8 @@ def test_cpu_custom_ops_are_the_reference(strategy, rounding):
         got = prepare_operand(t, strategy, "L", spec, seed=3).quantized
         source, axis = (t, 1) if t.is_contiguous() else (t.t(), 0)
         hadamard = 32 if strategy == "iht" else 0
-        data, scales = ops._quantize_reference(
-            source, "mxfp4", axis, 32, "floor", rounding, torch.tensor(3), hadamard, None
+        data, scales, _ = ops._quantize_reference(
+            source, "mxfp4", axis, 32, "floor", rounding, torch.tensor(3), hadamard, None, False
         )
         assert torch.equal(got.data, data) and torch.equal(got.scales, scales)
     a = prepare_operand(x, strategy, "L", spec, seed=4).quantized

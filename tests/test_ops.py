@@ -17,16 +17,19 @@ def _x(rows: int = 6, cols: int = 64) -> torch.Tensor:
     )
 
 
+@pytest.mark.parametrize("scores", (False, True))
 @pytest.mark.parametrize("rounding", ("nearest", "stochastic"))
 @pytest.mark.parametrize("axis", (0, 1))
-def test_quantize_mx_op(axis, rounding):
+def test_quantize_mx_op(axis, rounding, scores):
     seed = torch.tensor(3, device=DEVICE)
-    torch.library.opcheck(ops.quantize_mx_op, (_x(32, 64), "mxfp4", axis, 32, "floor", rounding, seed, 32, None))
+    args = (_x(32, 64), "mxfp4", axis, 32, "floor", rounding, seed, 32, None, scores)
+    torch.library.opcheck(ops.quantize_mx_op, args)
 
 
-def test_quantize_fold_op():
+@pytest.mark.parametrize("scores", (False, True))
+def test_quantize_fold_op(scores):
     seed = torch.tensor(5, device=DEVICE)
-    torch.library.opcheck(ops.quantize_fold_op, (_x(), "floor", "stochastic", seed, 32, None))
+    torch.library.opcheck(ops.quantize_fold_op, (_x(), "floor", "stochastic", seed, 32, None, scores))
 
 
 def test_fold_op():

@@ -8,7 +8,7 @@ import torch
 import triton
 
 from adahop import ops
-from adahop.kernels.select import KEY_BITS, _top_rows_kernel, top_rows_triton
+from adahop.kernels.select import _top_rows_kernel, top_rows_triton
 from adahop.policy.selection import top_rows_reference
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -43,7 +43,7 @@ def test_reference_is_the_rule(n, k):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("n, k", [(1, 1), (7, 3), (33, 32), (64, 64), (1000, 64), (8192, 64), (12288, 100)])
 def test_kernel_equals_reference(n, k, dtype):
-    """In every score dtype (the kernel bisects only the bits a bfloat16 or float16 score can set)."""
+    """In every score dtype (the kernel bisects only down to the lowest bit some score sets)."""
     for seed in range(2):
         s = scores_with_ties(n, seed).to(dtype).to(DEVICE)
         assert torch.equal(top_rows_triton(s, k).cpu(), top_rows_reference(s.cpu(), k))
@@ -77,7 +77,7 @@ def kernel_writes(s: torch.Tensor, k: int) -> torch.Tensor:
     shows (``top_rows_triton`` gives it exactly k, where a stray write corrupts memory)."""
     out = torch.full((s.numel() + 8,), -7, dtype=torch.int64, device=DEVICE)
     n_pad = triton.next_power_of_2(s.numel())
-    _top_rows_kernel[(1,)](s.to(DEVICE).contiguous(), out, s.numel(), k, N_PAD=n_pad, KEY_BITS=KEY_BITS[s.dtype])
+    _top_rows_kernel[(1,)](s.to(DEVICE).contiguous(), out, s.numel(), k, N_PAD=n_pad)
     return out.cpu()
 
 
@@ -101,6 +101,18 @@ def test_by_hand_magnitudes_ties_and_neighbours():
     for k in range(1, 7):
         out = kernel_writes(by_hand, k)
         assert torch.equal(out[:k], top_rows_reference(by_hand, k)) and (out[k:] == -7).all()
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 5, 6])
+def test_nans_of_any_payload_tie(k):
+    """Every NaN ranks equal (the rule sorts them so): NaNs of different payloads and signs,
+    with the k-th place among them, go by row order, not by their bits."""
+    patterns = [0x3F800000, 0x7FC00001, 0x7F800000, 0xFFC00000, 0x7F800001, 0x7FFFFFFF, 0x00000000]
+    s = torch.tensor(patterns, dtype=torch.int64).to(torch.int32).view(torch.float32)
+    ref = top_rows_reference(s, k)
+    assert ref.tolist() == oracle(s, k)
+    out = kernel_writes(s, k)
+    assert torch.equal(out[:k], ref) and (out[k:] == -7).all()
 
 
 def test_op_routes_agree_and_errors_say_what_is_wrong():

@@ -7,6 +7,10 @@ primitive arguments the op schemas need. The fake (meta) implementations give sh
 computing, so a model built from ``AdaHOPLinear`` traces under ``torch.compile`` with each op as
 one node. Triton is imported only when a CUDA kernel actually runs.
 
+The quantize ops can also return each stored row's outlier score (``policy.selection.row_scores``)
+from the same read (``scores=True``), which outlier extraction selects its rows by; otherwise
+that output is empty.
+
 The stochastic-rounding seed is a 0-dim int64 tensor, not a Python int, so a compiled graph
 does not specialise on (and recompile for) every training step; round to nearest passes None,
 so two layers quantizing one input (``wq``/``wk``/``wv``) make equal calls that the compiled
@@ -26,7 +30,7 @@ from .formats.fast import dequantize_blocked_fast, quantize_mx_fast
 from .formats.folded import FOLD_BLOCK, FoldedFP8
 from .formats.mx import storage_shapes
 from .policy.routes import GemmRoute, gemm_route
-from .policy.selection import top_rows_reference
+from .policy.selection import row_scores, top_rows_reference
 from .transforms import hadamard_transform
 
 _kernels_enabled = True
@@ -54,8 +58,19 @@ def _seed_value(seed: torch.Tensor | None) -> int:
     return 0 if seed is None else int(seed)
 
 
+def _no_scores(x: torch.Tensor) -> torch.Tensor:
+    """The scores output of a quantize op asked for none."""
+    return x.new_empty(0, dtype=torch.float32)
+
+
+def _scores_output(x: torch.Tensor, dim: int, scores: bool) -> torch.Tensor:
+    """The scores output of a quantize op's reference: ``row_scores`` along ``dim``, or none."""
+    return row_scores(x, dim) if scores else _no_scores(x)
+
+
 # ---- quantize -----------------------------------------------------------------------------
-def _quantize_reference(x, fmt, axis, block_size, scale_rule, rounding, seed, hadamard_block_size, signs):
+def _quantize_reference(x, fmt, axis, block_size, scale_rule, rounding, seed, hadamard_block_size, signs, scores):
+    score = _scores_output(x, axis % 2, scores)
     if hadamard_block_size:
         x = hadamard_transform(x, axis=axis, block_size=hadamard_block_size, signs=signs)
     q = quantize_mx(
@@ -67,7 +82,7 @@ def _quantize_reference(x, fmt, axis, block_size, scale_rule, rounding, seed, ha
         rounding=rounding,
         seed=_seed_value(seed),
     )
-    return q.data, q.scales
+    return q.data, q.scales, score
 
 
 @torch.library.custom_op("adahop::quantize_mx", mutates_args=())
@@ -81,18 +96,22 @@ def quantize_mx_op(
     seed: torch.Tensor | None,
     hadamard_block_size: int,
     signs: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(data, scales) of ``quantize_mx(hadamard_transform(x) if hadamard_block_size else x)`` for 2-D x."""
-    return _quantize_reference(x, fmt, axis, block_size, scale_rule, rounding, seed, hadamard_block_size, signs)
+    scores: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(data, scales, scores) of ``quantize_mx(hadamard_transform(x) if hadamard_block_size else x)``
+    for 2-D x; scores (float32) only if ``scores``, else empty."""
+    return _quantize_reference(x, fmt, axis, block_size, scale_rule, rounding, seed, hadamard_block_size, signs, scores)
 
 
 @quantize_mx_op.register_kernel("cuda")
-def _quantize_mx_cuda(x, fmt, axis, block_size, scale_rule, rounding, seed, hadamard_block_size, signs):
+def _quantize_mx_cuda(x, fmt, axis, block_size, scale_rule, rounding, seed, hadamard_block_size, signs, scores):
     if not _kernels_enabled:
-        return _quantize_reference(x, fmt, axis, block_size, scale_rule, rounding, seed, hadamard_block_size, signs)
+        return _quantize_reference(
+            x, fmt, axis, block_size, scale_rule, rounding, seed, hadamard_block_size, signs, scores
+        )
     from .kernels.quantize import quantize_mx_triton
 
-    q = quantize_mx_triton(
+    out = quantize_mx_triton(
         x,
         fmt,
         axis=axis,
@@ -102,12 +121,14 @@ def _quantize_mx_cuda(x, fmt, axis, block_size, scale_rule, rounding, seed, hada
         seed=seed,
         hadamard_block_size=hadamard_block_size,
         signs=signs,
+        scores=scores,
     )
-    return q.data, q.scales
+    q, score = out if scores else (out, _no_scores(x))
+    return q.data, q.scales, score
 
 
 @quantize_mx_op.register_kernel("cpu")
-def _quantize_mx_cpu(x, fmt, axis, block_size, scale_rule, rounding, seed, hadamard_block_size, signs):
+def _quantize_mx_cpu(x, fmt, axis, block_size, scale_rule, rounding, seed, hadamard_block_size, signs, scores):
     """The reference's bits by the faster route of ``formats.fast`` (tests/test_fast_reference.py)."""
     q = quantize_mx_fast(
         x,
@@ -120,18 +141,25 @@ def _quantize_mx_cpu(x, fmt, axis, block_size, scale_rule, rounding, seed, hadam
         hadamard_block_size=hadamard_block_size,
         signs=signs,
     )
-    return q.data, q.scales
+    return q.data, q.scales, _scores_output(x, axis % 2, scores)
 
 
 @quantize_mx_op.register_fake
-def _(x, fmt, axis, block_size, scale_rule, rounding, seed, hadamard_block_size, signs):
+def _(x, fmt, axis, block_size, scale_rule, rounding, seed, hadamard_block_size, signs, scores):
     outer, length = (x.shape[0], x.shape[1]) if axis % 2 == 1 else (x.shape[1], x.shape[0])
     data_shape, scales_shape = storage_shapes(outer, length, fmt, block_size)
-    return x.new_empty(data_shape, dtype=torch.uint8), x.new_empty(scales_shape, dtype=torch.uint8)
+    return (
+        x.new_empty(data_shape, dtype=torch.uint8),
+        x.new_empty(scales_shape, dtype=torch.uint8),
+        x.new_empty(outer if scores else 0, dtype=torch.float32),
+    )
 
 
-def quantize_2d(x: torch.Tensor, spec: QuantSpec, *, axis: int, seed: torch.Tensor | None) -> MXTensor:
-    """``quantize_mx_op`` of 2-D ``x`` by ``spec`` (its Hadamard transform included), as an ``MXTensor``."""
+def quantize_2d(
+    x: torch.Tensor, spec: QuantSpec, *, axis: int, seed: torch.Tensor | None, scores: bool = False
+) -> MXTensor | tuple[MXTensor, torch.Tensor]:
+    """``quantize_mx_op`` of 2-D ``x`` by ``spec`` (its Hadamard transform included), as an ``MXTensor``;
+    ``scores``: with each stored row's outlier score (float32) from the same pass."""
     args = (
         x,
         spec.fmt,
@@ -142,9 +170,11 @@ def quantize_2d(x: torch.Tensor, spec: QuantSpec, *, axis: int, seed: torch.Tens
         seed,
         spec.hadamard_block_size,
         spec.hadamard_signs,
+        scores,
     )
-    data, scales = _quantize_mx_cuda(*args) if _eager_cuda(x) else quantize_mx_op(*args)
-    return MXTensor(data, scales, spec.fmt, axis % 2, spec.block_size, x.shape)
+    data, scales, score = _quantize_mx_cuda(*args) if _eager_cuda(x) else quantize_mx_op(*args)
+    q = MXTensor(data, scales, spec.fmt, axis % 2, spec.block_size, x.shape)
+    return (q, score) if scores else q
 
 
 # ---- quantize in square tiles (2-D weight blocks) ----------------------------------------------
@@ -183,12 +213,14 @@ def quantize_tiles_2d(x: torch.Tensor, spec: QuantSpec, *, seed: torch.Tensor) -
 
 
 # ---- quantize straight into the folded FP8 operand -------------------------------------------
-def _quantize_fold_reference(x, scale_rule, rounding, seed, hadamard_block_size, signs):
+def _quantize_fold_reference(x, scale_rule, rounding, seed, hadamard_block_size, signs, scores):
     from .kernels.fold import fold_to_fp8_reference
 
-    data, scales = _quantize_reference(x, "mxfp4", 1, 32, scale_rule, rounding, seed, hadamard_block_size, signs)
+    data, scales, score = _quantize_reference(
+        x, "mxfp4", 1, 32, scale_rule, rounding, seed, hadamard_block_size, signs, scores
+    )
     folded = fold_to_fp8_reference(MXTensor(data, scales, "mxfp4", 1, 32, x.shape))
-    return folded.data.view(torch.uint8), folded.row_scale, folded.lossy_per_row
+    return folded.data.view(torch.uint8), folded.row_scale, folded.lossy_per_row, score
 
 
 @torch.library.custom_op("adahop::quantize_fold_fp8", mutates_args=())
@@ -199,41 +231,53 @@ def quantize_fold_op(
     seed: torch.Tensor | None,
     hadamard_block_size: int,
     signs: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(E4M3 bytes, row scales, lossy counts) of the fold of row-wise MXFP4 ``quantize_mx_op``."""
-    return _quantize_fold_reference(x, scale_rule, rounding, seed, hadamard_block_size, signs)
+    scores: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(E4M3 bytes, row scales, lossy counts, scores) of the fold of row-wise MXFP4 ``quantize_mx_op``."""
+    return _quantize_fold_reference(x, scale_rule, rounding, seed, hadamard_block_size, signs, scores)
 
 
 @quantize_fold_op.register_kernel("cuda")
-def _quantize_fold_cuda(x, scale_rule, rounding, seed, hadamard_block_size, signs):
+def _quantize_fold_cuda(x, scale_rule, rounding, seed, hadamard_block_size, signs, scores):
     if not _kernels_enabled:
-        return _quantize_fold_reference(x, scale_rule, rounding, seed, hadamard_block_size, signs)
+        return _quantize_fold_reference(x, scale_rule, rounding, seed, hadamard_block_size, signs, scores)
     from .kernels.quantize_fold import quantize_fold_fp8
 
-    folded = quantize_fold_fp8(
-        x, scale_rule=scale_rule, rounding=rounding, seed=seed, hadamard_block_size=hadamard_block_size, signs=signs
+    out = quantize_fold_fp8(
+        x,
+        scale_rule=scale_rule,
+        rounding=rounding,
+        seed=seed,
+        hadamard_block_size=hadamard_block_size,
+        signs=signs,
+        scores=scores,
     )
-    return folded.data.view(torch.uint8), folded.row_scale, folded.lossy_per_row
+    folded, score = out if scores else (out, _no_scores(x))
+    return folded.data.view(torch.uint8), folded.row_scale, folded.lossy_per_row, score
 
 
 @quantize_fold_op.register_fake
-def _(x, scale_rule, rounding, seed, hadamard_block_size, signs):
+def _(x, scale_rule, rounding, seed, hadamard_block_size, signs, scores):
     rows = x.shape[0]
     return (
         x.new_empty(x.shape, dtype=torch.uint8),
         x.new_empty(rows, dtype=torch.float32),
         x.new_empty(rows, dtype=torch.int32),
+        x.new_empty(rows if scores else 0, dtype=torch.float32),
     )
 
 
-def quantize_fold_2d(x: torch.Tensor, spec: QuantSpec, *, seed: torch.Tensor | None) -> FoldedFP8:
+def quantize_fold_2d(
+    x: torch.Tensor, spec: QuantSpec, *, seed: torch.Tensor | None, scores: bool = False
+) -> FoldedFP8 | tuple[FoldedFP8, torch.Tensor]:
     """MXFP4 (blocks of 32 along rows) of row-major ``x`` by ``spec``, already folded for the FP8 GEMM:
-    the cases of ``formats.folded.folds_directly``."""
+    the cases of ``formats.folded.folds_directly``; ``scores``: with each row's outlier score."""
     if (spec.fmt, spec.block_size) != ("mxfp4", FOLD_BLOCK):  # the op's schema has neither: it is MXFP4 only
         raise ValueError(f"only MXFP4 with blocks of {FOLD_BLOCK} folds into FP8, got {spec}")
-    args = (x, spec.scale_rule, spec.rounding, seed, spec.hadamard_block_size, spec.hadamard_signs)
-    data, row_scale, lossy = _quantize_fold_cuda(*args) if _eager_cuda(x) else quantize_fold_op(*args)
-    return FoldedFP8(data.view(torch.float8_e4m3fn), row_scale, lossy)
+    args = (x, spec.scale_rule, spec.rounding, seed, spec.hadamard_block_size, spec.hadamard_signs, scores)
+    data, row_scale, lossy, score = _quantize_fold_cuda(*args) if _eager_cuda(x) else quantize_fold_op(*args)
+    folded = FoldedFP8(data.view(torch.float8_e4m3fn), row_scale, lossy)
+    return (folded, score) if scores else folded
 
 
 def route_of(device: torch.device, n: int, fmt: str = "mxfp4", block_size: int = 32) -> GemmRoute:

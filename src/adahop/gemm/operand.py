@@ -17,7 +17,9 @@ A prepared operand holds what the GEMM needs and no more: the quantized operand 
 inner Hadamard transform), the extracted rows in high precision, and the high-precision operand
 itself only when the other side's outlier path needs it. The method zeroes extracted rows before
 quantizing; with blocks along K every row is quantized on its own, so zeroing changes nothing
-the output keeps (those outputs are overwritten) and the full-size pass is skipped.
+the output keeps (those outputs are overwritten) and the full-size pass is skipped. For the same
+reason the selection need not come first: the quantize kernel records each row's score (its
+abs-max, ``policy.selection``) while it reads the operand, instead of a separate pass over it.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import torch
 from .. import ops
 from ..formats import MXTensor, QuantSpec
 from ..formats.folded import FoldedFP8, folds_directly
+from ..policy.selection import row_scores
 from ..policy.strategies import Strategy
 from ..transforms import hadamard_transform
 
@@ -61,31 +64,26 @@ class GemmOperand:
         return cls(quantized, *rest)
 
 
-def outlier_rows(t: torch.Tensor, k: int) -> torch.Tensor:
-    """Indices (ascending) of the ``k`` rows with the largest abs-max, the rows that would set
-    block scales; ties to the lower row (``policy.selection``)."""
-    score = torch.linalg.vector_norm(t.detach(), float("inf"), dim=1)  # one fused pass, no |t| copy
-    return ops.top_rows(score, min(k, t.shape[0]))
-
-
 def _rotate_and_quantize(
-    t: torch.Tensor, spec: QuantSpec, rotate: bool, seed: torch.Tensor | None, fold: bool
-) -> MXTensor | FoldedFP8 | torch.Tensor:
+    t: torch.Tensor, spec: QuantSpec, rotate: bool, seed: torch.Tensor | None, fold: bool, scores: bool = False
+) -> MXTensor | FoldedFP8 | torch.Tensor | tuple[MXTensor | FoldedFP8 | torch.Tensor, torch.Tensor]:
     """Inner Hadamard (if ``rotate``: ``spec``'s, else none) and MX quantization along the last
-    dim, one fused op; ``fold``: straight into the folded FP8 operand where the fused kernel serves ``t``."""
+    dim, one fused op; ``fold``: straight into the folded FP8 operand where the fused kernel serves ``t``.
+    ``scores``: also each row's outlier score (``policy.selection.row_scores``), from the same op."""
     if not rotate:
         spec = spec.unrotated
     hb = spec.hadamard_block_size
-    if hb and t.shape[-1] % hb:  # zero padding of K leaves L @ R.T unchanged
+    if hb and t.shape[-1] % hb:  # zero padding of K leaves L @ R.T (and every row's abs-max) unchanged
         t = torch.nn.functional.pad(t, (0, -t.shape[-1] % hb))
-    if spec.fmt is None:
-        return hadamard_transform(t, block_size=hb, signs=spec.hadamard_signs) if hb else t
+    if spec.fmt is None:  # the transform-only ablation: no quantize pass to record scores
+        out = hadamard_transform(t, block_size=hb, signs=spec.hadamard_signs) if hb else t
+        return (out, row_scores(t)) if scores else out
     if fold and folds_directly(t, fmt=spec.fmt, block_size=spec.block_size, hadamard_block_size=hb):
-        return ops.quantize_fold_2d(t, spec, seed=seed)
+        return ops.quantize_fold_2d(t, spec, seed=seed, scores=scores)
     # A transposed view (Xᵀ, dYᵀ, Wᵀ) is quantized along dim 0 of its row-major source, no copy.
     transposed = not t.is_contiguous() and t.t().is_contiguous()
     source, axis = (t.t(), 0) if transposed else (t.contiguous(), 1)
-    return ops.quantize_2d(source, spec, axis=axis, seed=seed)
+    return ops.quantize_2d(source, spec, axis=axis, seed=seed, scores=scores)
 
 
 def prepare_operand(
@@ -114,14 +112,17 @@ def prepare_operand(
     extracts_other = strategy in (Strategy.OE_LEFT, Strategy.OE_RIGHT) and not extracts_here
     rotate = strategy is not Strategy.MXFP4
     op = GemmOperand(dense=t if extracts_other else None)
+    # No seed to round to nearest: layers sharing an input then make equal calls (merged by compile;
+    # a call that also records scores differs from one that does not).
+    seed = None if spec.rounding == "nearest" else torch.as_tensor(seed, dtype=torch.int64)
     if extracts_here:
         # Rows are quantized independently (blocks and Hadamard blocks run along K), so the
         # extracted rows need not be zeroed first: their products are overwritten in tn_matmul.
-        op.rows = outlier_rows(t, oe_k)
+        op.quantized, scores = _rotate_and_quantize(t, spec, rotate, seed, fold, scores=True)
+        op.rows = ops.top_rows(scores, min(oe_k, t.shape[0]))
         op.extracted = t[op.rows]
-    # No seed to round to nearest: layers sharing an input then make equal calls (merged by compile).
-    seed = None if spec.rounding == "nearest" else torch.as_tensor(seed, dtype=torch.int64)
-    op.quantized = _rotate_and_quantize(t, spec, rotate, seed, fold)
+    else:
+        op.quantized = _rotate_and_quantize(t, spec, rotate, seed, fold)
     return op
 
 

@@ -51,7 +51,7 @@ from .mx_math import (
     walsh_hadamard_butterfly,
 )
 from .launch import cdiv
-from .quantize_blocks import block_scales, quantize_tile, row_blocks, row_word, to_float32
+from .quantize_blocks import block_scales, quantize_tile, record_scores, row_blocks, row_word, to_float32
 from .quantize_tiling import GENERAL_COLWISE_TILING, QuantizeTiling, default_tiling
 
 
@@ -63,6 +63,7 @@ def _quantize_mx_kernel(
     row_scale_ptr,
     col_data_ptr,
     col_scale_ptr,
+    score_ptr,
     M,
     N,
     stride_m,
@@ -73,6 +74,7 @@ def _quantize_mx_kernel(
     hadamard_scale,
     ROWWISE: tl.constexpr,
     COLWISE: tl.constexpr,
+    SCORES: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     INPUT_BF16: tl.constexpr,
@@ -100,6 +102,12 @@ def _quantize_mx_kernel(
     mask = (rows[:, None] < M) & (cols[None, :] < N)
     offs = rows[:, None].to(tl.int64) * stride_m + cols[None, :].to(tl.int64) * stride_n
     x = tl.load(x_ptr + offs, mask=mask, other=0)  # zero padding of partial blocks
+    if SCORES:  # one orientation: each line's abs-max along its blocks, before the Hadamard
+        magnitude = tl.abs(to_float32(x, INPUT_BF16))
+        if ROWWISE:
+            record_scores(score_ptr, rows, tl.reduce(magnitude, 1, max_keeping_nan), rows < M)
+        else:
+            record_scores(score_ptr, cols, tl.reduce(magnitude, 0, max_keeping_nan), cols < N)
 
     # Triton's compiler takes keyword arguments but no ``**`` unpacking: each call spells them out.
     if ROWWISE:
@@ -168,6 +176,7 @@ def _quantize_rows_kernel(
     signs_ptr,
     data_ptr,
     scale_ptr,
+    score_ptr,
     M,
     N,
     stride_m,
@@ -188,6 +197,7 @@ def _quantize_rows_kernel(
     MBITS: tl.constexpr,
     MAX_NORMAL: tl.constexpr,
     MAX_CODE: tl.constexpr,
+    SCORES: tl.constexpr,
 ):
     """Row-wise MXFP4 (block 32, optional 32-point Hadamard): the forward and dgrad operands.
 
@@ -202,7 +212,7 @@ def _quantize_rows_kernel(
     seed = tl.load(seed_ptr)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     blocks = tl.program_id(1) * NB + tl.arange(0, NB)
-    v0, v1, v2, v3, inv_scale, limit, sign_weight, scale_codes = row_blocks(
+    v0, v1, v2, v3, inv_scale, limit, sign_weight, scale_codes, score = row_blocks(
         x_ptr,
         signs_ptr,
         rows,
@@ -221,7 +231,10 @@ def _quantize_rows_kernel(
         MAX_NORMAL,
         MBITS,
         MAX_CODE,
+        SCORES,
     )
+    if SCORES:  # a row spans programs along N
+        record_scores(score_ptr, rows, score, rows < M)
 
     # Word w of a row holds elements 8w..8w+7; its index is also their Philox counter.
     n_blocks = n_padded // 32
@@ -243,6 +256,7 @@ def _quantize_cols_kernel(
     signs_ptr,
     data_ptr,
     scale_ptr,
+    score_ptr,
     M,
     N,
     stride_m,
@@ -262,6 +276,7 @@ def _quantize_cols_kernel(
     MBITS: tl.constexpr,
     MAX_NORMAL: tl.constexpr,
     MAX_CODE: tl.constexpr,
+    SCORES: tl.constexpr,
 ):
     """Column-wise MXFP4 (blocks of 32 down a column, optional 32-point Hadamard): the wgrad
     operands and dgrad's Wᵀ.
@@ -279,6 +294,8 @@ def _quantize_cols_kernel(
     ok = (cols < N)[:, None] & (rows < M)[None, :]  # zero padding of a partial last block
     x = tl.load(x_ptr + rows.to(tl.int64)[None, :] * stride_m + cols[:, None], mask=ok, other=0)
     v = to_float32(x, INPUT_BF16)  # [BLOCK_N, 32]
+    if SCORES:  # a column (an output row) spans programs along M
+        record_scores(score_ptr, cols, tl.reduce(tl.abs(v), 1, max_keeping_nan), cols < N)
     if HADAMARD > 0:  # M is a multiple of 32: no padding inside a block
         if HAS_SIGNS:
             v = v * tl.load(signs_ptr + tl.arange(0, 32))[None, :]
@@ -334,12 +351,13 @@ class _LaunchPlan:
 
 
 def common_constexprs(
-    dtype: torch.dtype, on_cuda: bool, fmt: str, scale_rule: str, rounding: str, has_signs: bool
+    dtype: torch.dtype, on_cuda: bool, fmt: str, scale_rule: str, rounding: str, has_signs: bool, scores: bool
 ) -> dict:
-    """Compile-time arguments every quantize kernel takes: input handling, scale rule, rounding
-    and the element format's facts."""
+    """Compile-time arguments every quantize kernel takes: input handling, scale rule, rounding,
+    the element format's facts, and whether it records each output row's outlier score."""
     efmt = ELEMENT_FORMATS[fmt]
     return dict(
+        SCORES=scores,
         INPUT_BF16=dtype == torch.bfloat16,
         ROUND_TO={torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, ""),
         NATIVE_CASTS=on_cuda,
@@ -387,10 +405,13 @@ def _launch_plan(
     rounding: str,
     hb: int,
     signs_shape: tuple[int, ...] | None,
+    scores: bool,
     tiling: QuantizeTiling | None,
 ) -> _LaunchPlan:
     if block_size & (block_size - 1):
         raise ValueError(f"the fused quantizer needs a power-of-two block_size, got {block_size}")
+    if scores and rowwise and colwise:
+        raise ValueError("scores are recorded for one orientation at a time")
     if signs_shape is not None and not hb:
         raise ValueError("signs are only used with a hadamard_block_size")
     if hb:
@@ -418,7 +439,7 @@ def _launch_plan(
 
     m_padded, n_padded = cdiv(M, block_size) * block_size, cdiv(N, block_size) * block_size
     # Compile-time arguments every kernel takes: input handling, scale rule, rounding, format.
-    constexprs = common_constexprs(dtype, on_cuda, fmt, scale_rule, rounding, signs_shape is not None)
+    constexprs = common_constexprs(dtype, on_cuda, fmt, scale_rule, rounding, signs_shape is not None, scores)
     constexprs["num_warps"] = tiling.num_warps
     constexprs["maxnreg"] = tiling.max_registers
     grid = (cdiv(M, tiling.block_m), cdiv(N, tiling.block_n))
@@ -470,6 +491,7 @@ class QuantizeLaunch(NamedTuple):
     arguments: dict  # every kernel parameter by name, and the launch options (num_warps)
     row: MXTensor | None
     col: MXTensor | None
+    score: torch.Tensor | None  # each stored row's outlier score, when asked
 
 
 def quantize_launch(
@@ -484,6 +506,7 @@ def quantize_launch(
     seed: int | torch.Tensor | None,
     hadamard_block_size: int,
     signs: torch.Tensor | None,
+    scores: bool,
     tiling: QuantizeTiling | None,
 ) -> QuantizeLaunch:
     """The launch that quantizes ``x``, prepared (arguments checked, outputs allocated) but not
@@ -506,11 +529,15 @@ def quantize_launch(
         rounding,
         hadamard_block_size,
         None if signs is None else tuple(signs.shape),
+        scores,
         tiling,
     )
+    # Zeros: the kernels raise each score to their part's abs-max (atomically, as float32 bits).
+    score = torch.zeros(M if rowwise else N, dtype=torch.float32, device=x.device) if scores else None
     args = dict(
         x_ptr=x.view(torch.int16) if x.dtype == torch.bfloat16 else x,
         signs_ptr=x if signs is None else signs.to(device=x.device, dtype=torch.float32).contiguous(),
+        score_ptr=None if score is None else score.view(torch.int32),
     )
     results = []
     for axis, shapes, names in ((1, plan.row_shapes, plan.outputs[0]), (0, plan.col_shapes, plan.outputs[1])):
@@ -525,13 +552,13 @@ def quantize_launch(
         results.append(MXTensor(data, scales, fmt, axis, block_size, x.shape))
     seed_ptr = seed_pointer(x.device, seed) if rounding == "stochastic" else zero_seed(x.device)
     args.update(plan.sizes, seed_ptr=seed_ptr, hadamard_scale=plan.hadamard_scale, **plan.constexprs)
-    return QuantizeLaunch(plan.kernel, plan.grid, args, results[0], results[1])
+    return QuantizeLaunch(plan.kernel, plan.grid, args, results[0], results[1], score)
 
 
-def _quantize(x: torch.Tensor, fmt: str, **options) -> tuple[MXTensor | None, MXTensor | None]:
+def _quantize(x: torch.Tensor, fmt: str, **options) -> tuple[MXTensor | None, MXTensor | None, torch.Tensor | None]:
     launch = quantize_launch(x, fmt, **options)
     launch.kernel[launch.grid](**launch.arguments)
-    return launch.row, launch.col
+    return launch.row, launch.col, launch.score
 
 
 def quantize_mx_triton(
@@ -545,18 +572,21 @@ def quantize_mx_triton(
     seed: int | torch.Tensor | None = None,
     hadamard_block_size: int = 0,
     signs: torch.Tensor | None = None,
+    scores: bool = False,
     tiling: QuantizeTiling | None = None,
-) -> MXTensor:
+) -> MXTensor | tuple[MXTensor, torch.Tensor]:
     """Fused ``quantize_mx(hadamard_transform(x) if hadamard_block_size else x, ...)`` of 2-D ``x``.
 
     ``axis=-1`` (or 1) puts blocks along rows; ``axis=0`` blocks along columns, stored
     transposed (``data`` is ``[cols, rows_padded / 2]`` for MXFP4), which is the operand
     layout that dgrad and wgrad contract over. The Hadamard rotation acts along ``axis`` too.
+    ``scores``: also return each stored row's outlier score, ``policy.selection.row_scores``
+    along ``axis`` (float32), from the same read.
     """
     if axis not in (-2, -1, 0, 1):
         raise ValueError(f"axis must be one of (-2, -1, 0, 1) for a 2-D tensor, got {axis}")
     rowwise = axis % 2 == 1
-    row, col = _quantize(
+    row, col, score = _quantize(
         x,
         fmt,
         rowwise=rowwise,
@@ -567,9 +597,11 @@ def quantize_mx_triton(
         seed=seed,
         hadamard_block_size=hadamard_block_size,
         signs=signs,
+        scores=scores,
         tiling=tiling,
     )
-    return row if rowwise else col
+    q = row if rowwise else col
+    return (q, score) if scores else q
 
 
 def quantize_mx_triton_both(
@@ -585,7 +617,7 @@ def quantize_mx_triton_both(
     tiling: QuantizeTiling | None = None,
 ) -> tuple[MXTensor, MXTensor]:
     """``(quantize_mx_triton(x, axis=1, ...), quantize_mx_triton(x, axis=0, ...))``, one read."""
-    return _quantize(
+    row, col, _ = _quantize(
         x,
         fmt,
         rowwise=True,
@@ -596,5 +628,7 @@ def quantize_mx_triton_both(
         seed=seed,
         hadamard_block_size=hadamard_block_size,
         signs=signs,
+        scores=False,
         tiling=tiling,
     )
+    return row, col

@@ -195,10 +195,12 @@ def row_blocks(
     MAX_NORMAL: tl.constexpr,
     MBITS: tl.constexpr,
     MAX_CODE: tl.constexpr,
+    SCORES: tl.constexpr,
 ):
     """Blocks ``blocks`` of ``rows`` as four float32 slices [R, NB, 8] (elements 8k..8k+7 of each
     block, after the 32-point Hadamard when ``HADAMARD``), with each block's inverse scale, code
-    limit and sign weight ([R, NB, 1]) and E8M0 code ([R, NB]).
+    limit and sign weight ([R, NB, 1]) and E8M0 code ([R, NB]); with ``SCORES``, also each row's
+    abs-max over these blocks before the Hadamard ([R]; else 0), its outlier score.
 
     Each block is loaded as four 8-wide slices (16-byte loads for bf16) that share one register
     layout, so butterfly stages 1, 2, 4 run inside a slice and stages 8, 16 between slices, in
@@ -207,28 +209,21 @@ def row_blocks(
     cols = (blocks * 32)[None, :, None] + tl.arange(0, 8)[None, None, :]  # slice 0 of each block
     offs = (rows.to(tl.int64) * stride_m)[:, None, None] + cols
     row_ok = (rows < M)[:, None, None]  # columns past N load as zeros: the padding of a partial block
-    v0 = row_slice(
-        tl.load(x_ptr + offs, mask=row_ok & (cols < N), other=0), signs_ptr, 0, HADAMARD, INPUT_BF16, HAS_SIGNS
-    )
-    v1 = row_slice(
-        tl.load(x_ptr + offs + 8, mask=row_ok & (cols + 8 < N), other=0), signs_ptr, 1, HADAMARD, INPUT_BF16, HAS_SIGNS
-    )
-    v2 = row_slice(
-        tl.load(x_ptr + offs + 16, mask=row_ok & (cols + 16 < N), other=0),
-        signs_ptr,
-        2,
-        HADAMARD,
-        INPUT_BF16,
-        HAS_SIGNS,
-    )
-    v3 = row_slice(
-        tl.load(x_ptr + offs + 24, mask=row_ok & (cols + 24 < N), other=0),
-        signs_ptr,
-        3,
-        HADAMARD,
-        INPUT_BF16,
-        HAS_SIGNS,
-    )
+    x0 = tl.load(x_ptr + offs, mask=row_ok & (cols < N), other=0)
+    v0 = row_slice(x0, signs_ptr, 0, HADAMARD, INPUT_BF16, HAS_SIGNS)
+    x1 = tl.load(x_ptr + offs + 8, mask=row_ok & (cols + 8 < N), other=0)
+    v1 = row_slice(x1, signs_ptr, 1, HADAMARD, INPUT_BF16, HAS_SIGNS)
+    x2 = tl.load(x_ptr + offs + 16, mask=row_ok & (cols + 16 < N), other=0)
+    v2 = row_slice(x2, signs_ptr, 2, HADAMARD, INPUT_BF16, HAS_SIGNS)
+    x3 = tl.load(x_ptr + offs + 24, mask=row_ok & (cols + 24 < N), other=0)
+    v3 = row_slice(x3, signs_ptr, 3, HADAMARD, INPUT_BF16, HAS_SIGNS)
+    score = 0.0
+    if SCORES:  # from the loaded values, before the Hadamard
+        score = max_keeping_nan(
+            max_keeping_nan(tl.abs(to_float32(x0, INPUT_BF16)), tl.abs(to_float32(x1, INPUT_BF16))),
+            max_keeping_nan(tl.abs(to_float32(x2, INPUT_BF16)), tl.abs(to_float32(x3, INPUT_BF16))),
+        )
+        score = tl.reduce(tl.reduce(score, 2, max_keeping_nan), 1, max_keeping_nan)
     if HADAMARD > 0:
         # Stage 8 pairs slices (0, 1) and (2, 3); stage 16 pairs (0, 2) and (1, 3).
         a0, a1, a2, a3 = v0 + v1, v0 - v1, v2 + v3, v2 - v3
@@ -242,7 +237,15 @@ def row_blocks(
     inv_scale, limit, sign_weight, scale_codes = block_scales(
         amax.to(tl.int32, bitcast=True), amax < float("inf"), RULE, EMAX, MAX_NORMAL, MBITS, MAX_CODE, 4
     )
-    return (v0, v1, v2, v3, inv_scale[:, :, None], limit[:, :, None], sign_weight[:, :, None], scale_codes)
+    return (v0, v1, v2, v3, inv_scale[:, :, None], limit[:, :, None], sign_weight[:, :, None], scale_codes, score)
+
+
+@triton.jit
+def record_scores(score_ptr, lines, amax, ok):
+    """Raise the scores of ``lines`` to this program's abs-max of each (``amax``, non-negative or
+    NaN) by an atomic max on the float32 bits, which order like the values (NaN above Inf): a
+    line split over programs ends with the largest part in any order. The scores start at 0."""
+    tl.atomic_max(score_ptr + lines, amax.to(tl.int32, bitcast=True), mask=ok, sem="relaxed")
 
 
 @triton.jit

@@ -83,6 +83,7 @@ def _quantize_fold_rows_kernel(
     out_ptr,
     row_scale_ptr,
     lossy_ptr,
+    score_ptr,
     M,
     N,
     stride_m,
@@ -102,12 +103,13 @@ def _quantize_fold_rows_kernel(
     MBITS: tl.constexpr,
     MAX_NORMAL: tl.constexpr,
     MAX_CODE: tl.constexpr,
+    SCORES: tl.constexpr,
 ):
     NB: tl.constexpr = BLOCK_N // 32
     seed = tl.load(seed_ptr)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     blocks = tl.arange(0, NB)
-    v0, v1, v2, v3, inv_scale, limit, sign_weight, scale_codes = row_blocks(
+    v0, v1, v2, v3, inv_scale, limit, sign_weight, scale_codes, score = row_blocks(
         x_ptr,
         signs_ptr,
         rows,
@@ -126,6 +128,7 @@ def _quantize_fold_rows_kernel(
         MAX_NORMAL,
         MBITS,
         MAX_CODE,
+        SCORES,
     )
     # Magnitude codes (sign weight 0), with Philox counters as in the packed layout (word w holds
     # elements 8w..8w+7), so the noise, and so the codes, are those of quantize_mx_triton.
@@ -169,6 +172,8 @@ def _quantize_fold_rows_kernel(
     scale_bits = tl.where(scale_exp > 0, scale_exp << 23, 1 << (22 + scale_exp))
     tl.store(row_scale_ptr + rows, scale_bits, mask=row_ok)
     tl.store(lossy_ptr + rows, lossy, mask=row_ok)
+    if SCORES:  # a program holds whole rows
+        tl.store(score_ptr + rows, score, mask=row_ok)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -191,9 +196,11 @@ def quantize_fold_fp8(
     seed: int | torch.Tensor | None = None,
     hadamard_block_size: int = 0,
     signs: torch.Tensor | None = None,
-) -> FoldedFP8:
+    scores: bool = False,
+) -> FoldedFP8 | tuple[FoldedFP8, torch.Tensor]:
     """MXFP4 quantization of [M, K] ``x`` along K (after the 32-point Hadamard if asked), folded
-    into E4M3 data and per-row scales in one kernel."""
+    into E4M3 data and per-row scales in one kernel; ``scores``: also each row's outlier score
+    (``policy.selection.row_scores``, float32) from the same read."""
     check_quantize_args(x, "mxfp4", FOLD_BLOCK, scale_rule, rounding)
     if not folds_directly(x, fmt="mxfp4", block_size=FOLD_BLOCK, hadamard_block_size=hadamard_block_size):
         raise ValueError(
@@ -211,6 +218,7 @@ def quantize_fold_fp8(
     # Separate tensors, not views of one: a custom op's outputs may not alias each other.
     row_scale = torch.empty(M, dtype=torch.float32, device=x.device)
     lossy = torch.empty(M, dtype=torch.int32, device=x.device)
+    score = torch.empty(M, dtype=torch.float32, device=x.device) if scores else None
     seed_ptr = seed_pointer(x.device, seed) if rounding == "stochastic" else zero_seed(x.device)
     _quantize_fold_rows_kernel[(cdiv(M, block_m),)](
         x.view(torch.int16) if x.dtype == torch.bfloat16 else x,
@@ -218,6 +226,7 @@ def quantize_fold_fp8(
         data,
         row_scale.view(torch.int32),
         lossy,
+        score,
         M,
         N,
         x.stride(0),
@@ -228,6 +237,7 @@ def quantize_fold_fp8(
         HADAMARD=hadamard_block_size,
         num_warps=warps,
         maxnreg=MAX_REGISTERS,
-        **common_constexprs(x.dtype, x.is_cuda, "mxfp4", scale_rule, rounding, signs is not None),
+        **common_constexprs(x.dtype, x.is_cuda, "mxfp4", scale_rule, rounding, signs is not None, scores),
     )
-    return FoldedFP8(data.view(torch.float8_e4m3fn), row_scale, lossy)
+    folded = FoldedFP8(data.view(torch.float8_e4m3fn), row_scale, lossy)
+    return (folded, score) if scores else folded

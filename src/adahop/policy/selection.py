@@ -1,9 +1,10 @@
 """Which rows outlier extraction takes: the specification that the selection kernel matches.
 
-The ``k`` rows with the largest score (a row's abs-max), ties broken toward the lower row index,
-NaN above every number; returned in ascending row order. ``torch.topk`` leaves ties to the
-implementation, and a tie decides which row goes to the BF16 path, so the rule is written out
-here and the CUDA kernel (``kernels/select.py``) is tested against it.
+A row's score is its abs-max (``row_scores``; NaN if the row holds one). The ``k`` rows with the
+largest score are taken, ties broken toward the lower row index, NaN above every number (every
+NaN equal); returned in ascending row order. ``torch.topk`` leaves ties to the implementation,
+and a tie decides which row goes to the BF16 path, so the rule is written out here and the CUDA
+kernels (``kernels/select.py``, and the quantize kernels that record scores) are tested against it.
 """
 
 from __future__ import annotations
@@ -12,6 +13,12 @@ import torch
 
 
 SCORE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def row_scores(t: torch.Tensor, dim: int = 1) -> torch.Tensor:
+    """Each line's abs-max along ``dim`` (``dim=1``: each row's) in float32, exact for every input
+    dtype; NaN where the line holds a NaN."""
+    return torch.linalg.vector_norm(t.detach(), float("inf"), dim=dim).float()  # no |t| copy
 
 
 def check_top_rows_args(scores: torch.Tensor, k: int) -> None:
