@@ -33,13 +33,14 @@ FORMAT = dict(
     MAX_NORMAL=MXFP4.max_normal,
     MAX_CODE=q._max_code(MXFP4),
 )
-BF16_IN = dict(INPUT_BF16=True, ROUND_TO="bf16", NATIVE_CASTS=True, HAS_SIGNS=False)
+BF16_IN = dict(INPUT_BF16=True, ROUND_TO="bf16", NATIVE_CASTS=True, HAS_SIGNS=False, SCORES=False)
 _INSTRUCTION = re.compile(r"^[0-9a-f-]{2}:\S+\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)")
 
 
 def compile_sm90(kernel, args: dict[str, str], constants: dict, num_warps: int):
     """Compile ``kernel`` for sm_90; ``args`` maps runtime arguments to Triton types."""
     names = kernel.arg_names  # the signature follows the kernel's argument order
+    constants = {"score_ptr": None, **constants}  # no outlier scores: the pointer is never read
     signature = {n: "constexpr" if n in constants else args[n] for n in names}
     divisible = [n for n, t in args.items() if t.startswith("*") or n in ("M", "N", "stride_m", "m_padded", "n_padded")]
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in divisible}
