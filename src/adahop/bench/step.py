@@ -84,7 +84,7 @@ FAMILIES = (
     ("attention", ("flash", "fmha", "attention", "sdpa")),
     ("GEMM", ("gemm", "nvjet", "cutlass", "sm90_xmma", "matmul")),
     ("optimizer", ("adam",)),
-    ("top-k / index", ("topk", "index", "gather", "scatter", "sort", "radix")),
+    ("top-k / index", ("topk", "top_rows", "index", "gather", "scatter", "sort", "radix")),
     ("norm / reduce", ("norm", "reduce")),
     ("elementwise", ("elementwise", "vectorized", "unrolled", "triton_poi", "triton_per", "triton_red")),
 )
