@@ -45,7 +45,7 @@ def planted(rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
 def assert_rule_scores(got: torch.Tensor, t: torch.Tensor, dim: int) -> None:
     """``got`` is the rule's score of every line of ``t`` along ``dim``: float32, equal bits, NaN
     where a NaN is (of any payload)."""
-    want = row_scores(t, dim)
+    want = row_scores(t, dim).cpu()
     got = got.cpu()
     assert got.dtype == torch.float32 and got.shape == want.shape
     nan = want.isnan()
