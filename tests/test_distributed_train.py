@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
 import socket
 import sys
@@ -259,7 +260,9 @@ def test_a_diverging_loss_stops_every_rank_with_one_message(runs):
     assert [status for status, _ in results[5]] == [1, 1]
     lines = [line for _, err in results[5] for line in err.splitlines() if "error:" in line]
     assert len(lines) == 1 and "Traceback" not in results[5][0][1] + results[5][1][1]
-    assert lines[0].startswith("adahop train: error: ") and "at step 2 with recipe 'bf16'" in lines[0], lines
+    # lr 1e6 overflows within a few steps; on which one depends on the CPU's float summation order.
+    bad = re.search(r"at step (\d+) with recipe 'bf16'", lines[0])
+    assert lines[0].startswith("adahop train: error: ") and bad and int(bad.group(1)) >= 2, lines
 
 
 def test_a_failed_sharded_write_stops_every_rank_and_keeps_the_last_checkpoint(runs):
