@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -68,24 +69,30 @@ def copy_run(run: Path, tmp_path: Path) -> Path:
 # ---- 1. non-finite values while calibrating ----------------------------------------------
 def test_nan_while_calibrating_stops_cleanly_also_on_resume(small_overrides, tmp_path, capsys):
     """lr 1e6 sends the weights to Inf; a calibrating layer sees it before the loss does. The run
-    has not frozen yet, so the second run (resumed with the new lr) still calibrates."""
+    has not frozen yet, so the second run (resumed with the new lr) still calibrates. On which
+    step it overflows depends on the CPU's float summation order; it writes no checkpoint
+    before the end, so step 2's stays the last good one."""
     run = tmp_path / "run"
-    argv = as_argv(small_overrides(run, training__steps=2, recipe__calibration_steps=4))
+    argv = as_argv(small_overrides(run, training__steps=2, recipe__calibration_steps=8))
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "Results in" in out and "plan.json" not in out  # no plan froze in 2 steps: none is listed
 
-    assert main(["--out", str(run), "--resume", "--steps", "6", "--optim.lr=1e6"]) == 1
+    assert main(["--out", str(run), "--resume", "--steps", "6", "--optim.lr=1e6", "--checkpoint.interval=100"]) == 1
     line = error_line(capsys.readouterr().err)
-    assert "an operand of a calibrating layer holds NaN or Inf" in line and "at step 4" in line
+    bad = re.search(r"an operand of a calibrating layer holds NaN or Inf at step (\d+)", line)
+    assert bad and int(bad.group(1)) >= 3, line
     assert f"Last good checkpoint: {run / 'checkpoints' / 'step_0000002.pt'}" in line
 
 
 def test_nan_at_the_first_calibration_step_of_a_new_run(small_overrides, tmp_path, capsys):
-    argv = as_argv(small_overrides(tmp_path / "run", optim__lr=1e6, optim__warmup_steps=0, recipe__calibration_steps=4))
+    """As above, on a new run that writes no checkpoint before its end."""
+    overrides = {"optim__lr": 1e6, "optim__warmup_steps": 0, "checkpoint__interval": 100}
+    argv = as_argv(small_overrides(tmp_path / "run", recipe__calibration_steps=8, **overrides))
     assert main(argv) == 1
     line = error_line(capsys.readouterr().err)
-    assert "NaN or Inf at step 2 with recipe 'adahop_lv2'" in line and "none written yet; lower --optim.lr" in line
+    bad = re.search(r"NaN or Inf at step (\d+) with recipe 'adahop_lv2'", line)
+    assert bad and int(bad.group(1)) >= 2 and "none written yet; lower --optim.lr" in line, line
 
 
 # ---- 2. config changes on --resume ---------------------------------------------------------
