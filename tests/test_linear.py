@@ -99,6 +99,89 @@ def test_wgrad_matches_fake_quantized_math(wgrad):
     assert torch.allclose(layer.weight.grad, dw_ref, rtol=1e-5, atol=1e-5)
 
 
+def bf16_rounding_bound(exact: torch.Tensor) -> torch.Tensor:
+    """Largest error of a float32-accumulated GEMM rounded once to BF16: half an ulp (2**-9
+    relative) plus float32 accumulation, bounded here by 2**-8 relative."""
+    return 2.0**-8 * exact.abs() + 1e-30
+
+
+def backward_under_autocast(layer, x, g, seed):
+    """Y, dX and dW of ``layer`` under CPU BF16 autocast (the GPU trainer's setting: X, W and dY in BF16)."""
+    x = x.clone().requires_grad_()
+    torch.manual_seed(seed)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = layer(x)
+    y.backward(g)
+    return y.detach(), x.grad, layer.weight.grad
+
+
+def test_bf16_wgrad_is_exact_and_changes_no_other_gemm_of_the_layer():
+    """Issue 12: lv1 and lv2 differ only in the (col, col) wgrad, OE-right vs BF16, in layers whose
+    forward is IHT and dgrad OE-left. With BF16 operands, the BF16 plan's dW must be dYᵀX of the
+    unrotated, unquantized X to BF16 rounding, and Y and dX bit for bit those of the OE-right plan."""
+    torch.manual_seed(0)
+    x = planted_input(t=256).to(torch.bfloat16)  # an outlier channel: X is col
+    g = torch.randn(256, 96, dtype=torch.bfloat16)
+    g[3] *= 30.0  # an outlier token: dY is row
+    out = {
+        wgrad: backward_under_autocast(layer_with_plan(LayerPlan("iht", "oe_left", wgrad), bias=False), x, g, seed=9)
+        for wgrad in ("oe_right", "bf16")
+    }
+    (y1, dx1, dw1), (y2, dx2, dw2) = out["oe_right"], out["bf16"]
+    assert torch.equal(y1, y2) and torch.equal(dx1, dx2)
+    exact = g.double().T @ x.double()
+    assert ((dw2.double() - exact).abs() <= bf16_rounding_bound(exact)).all()
+    assert (dw1.double() - exact).norm() / exact.norm() > 1e-2  # the OE-right dW went through MXFP4
+
+
+def capture_operands(store: dict, key: tuple):
+    """A forward hook that keeps a layer's input and, once backward reaches it, its output gradient."""
+
+    def hook(module, args, y):
+        store[*key, "x"] = args[0].detach()
+        y.register_hook(lambda dy: store.__setitem__((*key, "dy"), dy.detach()))
+
+    return hook
+
+
+def test_lv2_changes_only_the_col_col_weight_gradients_of_a_model_and_makes_them_exact():
+    """A whole model under autocast, lv1 against lv2, same weights, batch and rounding keys: every
+    gradient is bit for bit the same except the weights whose wgrad lv2 runs in BF16, and those
+    equal dYᵀX (float64, from the layer's own input and output gradient) to BF16 rounding."""
+    from adahop.models import build_model
+    from adahop.policy.strategies import plan_for_patterns
+
+    patterns = [("col", "none", "row"), ("col", "none", "none"), ("none", "none", "row"), ("col", "none", "col")]
+    grads, captured = {}, {}
+    for table in ("lv1", "lv2"):
+        torch.manual_seed(0)
+        model = convert_model(
+            build_model("tiny", vocab_size=128, dim=64, n_layers=2), {"name": "adahop_lv2", "oe_k": 8}
+        )
+        layers = {name: m for name, m in model.named_modules() if isinstance(m, AdaHOPLinear)}
+        for i, (name, layer) in enumerate(layers.items()):
+            layer.set_plan(plan_for_patterns(*patterns[i % len(patterns)], table))
+            layer.register_forward_hook(capture_operands(captured, (table, name)))
+        tokens = torch.randint(0, 128, (2, 65), generator=torch.Generator().manual_seed(1))
+        torch.manual_seed(2)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            _, loss = model(tokens[:, :-1], tokens[:, 1:])
+        loss.backward()
+        grads[table] = {name: p.grad for name, p in model.named_parameters()}
+        plans = {name + ".weight": layer.plan for name, layer in layers.items()}
+    in_bf16 = {name for name, plan in plans.items() if plan.wgrad.value == "bf16"}
+    assert in_bf16 and len(in_bf16) < len(plans)
+    for name in grads["lv1"]:
+        same = torch.equal(grads["lv1"][name], grads["lv2"][name])
+        assert same is (name not in in_bf16), name
+    for name in in_bf16:
+        layer = name.removesuffix(".weight")
+        x = captured["lv2", layer, "x"].to(torch.bfloat16).double().flatten(0, -2)
+        dy = captured["lv2", layer, "dy"].double().flatten(0, -2)
+        exact = dy.T @ x
+        assert ((grads["lv2"][name].double() - exact).abs() <= bf16_rounding_bound(exact)).all(), name
+
+
 def test_bf16_strategy_reproduces_nn_linear_exactly():
     torch.manual_seed(0)
     ref = nn.Linear(64, 32)

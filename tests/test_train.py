@@ -197,6 +197,23 @@ def test_deterministic_kernels_are_asked_for_and_change_no_cpu_result(small_over
     assert losses[0] == losses[1] and len(losses[0]) == 6
 
 
+def test_rounding_seed_offset_changes_only_the_rounding_noise(small_overrides, tmp_path):
+    """``training.rounding_seed_offset`` reseeds only the generator of the stochastic-rounding keys:
+    init and data order stay those of ``training.seed``, so BF16 (no keys) trains bit for bit alike
+    and an adaptive recipe matches through its BF16 calibration (2 steps) and the first quantized
+    forward (X and W round to nearest), then differs: the keys round dY from step 3's backward on."""
+    losses = {}
+    for recipe in ("bf16", "adahop_lv2"):
+        for offset in (0, 1):
+            out = tmp_path / f"{recipe}-{offset}"
+            cfg = load_config(None, small_overrides(out, recipe__name=recipe, training__rounding_seed_offset=offset))
+            Trainer(cfg, progress=False).train()
+            losses[recipe, offset] = [r["loss"] for r in read_metrics(out) if r["kind"] == "train"]
+    assert losses["bf16", 0] == losses["bf16", 1]
+    same, other = losses["adahop_lv2", 0], losses["adahop_lv2", 1]
+    assert same[:3] == other[:3] and all(a != b for a, b in zip(same[3:], other[3:]))
+
+
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
 def test_short_run_writes_the_run_directory(recipe, small_overrides, tmp_path):
     cfg = load_config(None, small_overrides(tmp_path / "run", recipe=recipe, checkpoint__keep_last=2))

@@ -81,6 +81,9 @@ class TrainingConfig:
     steps: int = 120
     grad_accum: int = 1  # micro-batches per optimizer step
     seed: int = 0  # model initialisation and data order
+    # Added to seed for torch's global generator only, which draws the stochastic-rounding keys:
+    # runs that differ in it alone share init and data order and differ only in rounding noise.
+    rounding_seed_offset: int = 0
     device: str = "auto"  # "auto": CUDA when available
     autocast: bool = True  # bf16 autocast on CUDA (CPU runs in fp32)
     compile: bool = False  # torch.compile each transformer block once calibration has frozen the plans

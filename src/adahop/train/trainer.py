@@ -136,7 +136,7 @@ class Trainer:
             checkpoint = self._check_run_dir(resume)  # before the slow setup: every refusal comes first
             # Model initialisation has its own seed; the global generators (stochastic rounding)
             # differ per rank, so ranks round their shares with independent noise.
-            seed_everything(cfg.training.seed + self.env.rank)
+            seed_everything(cfg.training.seed + cfg.training.rounding_seed_offset + self.env.rank)
             if cfg.training.deterministic:
                 use_deterministic_kernels()
             self.data = build_data(cfg, self.progress, rank=self.env.rank, world_size=self.env.world_size)
