@@ -33,6 +33,8 @@
 #                  not finished by LIMIT - RESERVE are stopped and reported (incomplete/)
 #   CONFIG [configs/quality_125m.toml]  TRAIN_DATA [.data/english-train.jsonl.gz]
 #   HELDOUT [.data/english-heldout.jsonl.gz]
+#   BUNDLE [1]     1: at the end, everything in $OUT but summary.txt and quality_h200.log goes into
+#                  $OUT/quality_h200.tgz (the GPU tool returns at most 8 files; unpack with tar xzf); 0: keep it loose
 #   DRY [0]        1: CPU dry run, a 2-layer dim-64 model, seq 64 x 4, STEPS 6, eval on 2 batches:
 #                      DRY=1 OUT=/tmp/q_dry bash benchmarks/quality_h200.sh
 #
@@ -41,6 +43,7 @@
 # checkpoints: they stay in /tmp), incomplete/NAME/ for runs that failed or ran out of time (their
 # metrics so far; never mixed into runs/), compare.{md,png,json} and compare-recipes.json
 # (`adahop compare $OUT/runs/*`), summary.txt (benchmarks/quality_h200/summary.py), summary.json.
+# With BUNDLE=1 (the default) all of it but the log and summary.txt ends up in quality_h200.tgz.
 # Exit status 0 only when every run trained to the end and every eval succeeded.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -53,6 +56,7 @@ VARIANTS=${VARIANTS:-}
 EXTRA=${EXTRA:-}
 COMPILE=${COMPILE:-0}
 ANALYZE=${ANALYZE:-1}
+BUNDLE=${BUNDLE:-1}
 CONFIG=${CONFIG:-configs/quality_125m.toml}
 TRAIN_DATA=${TRAIN_DATA:-.data/english-train.jsonl.gz}
 HELDOUT=${HELDOUT:-.data/english-heldout.jsonl.gz}
@@ -288,5 +292,10 @@ fi
 say "summary ($OUT/summary.txt)"
 cat "$OUT/summary.txt"
 rm -rf "$WORK"
+if [ "$BUNDLE" = 1 ]; then  # the GPU tool returns at most 8 files from $OUT: everything but the two texts in one archive
+  (cd "$OUT" && tar czf quality_h200.tgz --exclude=quality_h200.tgz --exclude=summary.txt --exclude=quality_h200.log -- * \
+    && find . -mindepth 1 -maxdepth 1 ! -name quality_h200.tgz ! -name summary.txt ! -name quality_h200.log -exec rm -rf {} +) \
+    || say "bundling FAILED: the files stay loose in $OUT"
+fi
 say "done in $(elapsed)s"
 [ ${#FAILED[@]} = 0 ] && [ ${#EVAL_FAILED[@]} = 0 ] && [ ${#FINISHED[@]} -gt 0 ]

@@ -142,8 +142,12 @@ def test_step_bench_compares_each_recipe_with_bf16_in_its_fastest_mode():
     for r in runs.values():
         if "error" not in r:
             r["speedup_vs_bf16_best"] = r["tokens_per_s"] / best["bf16"]["tokens_per_s"]
+    runs["adahop_lv2/compile+graph"]["run_peak_reserved_gib"] = 45.0  # calibration and capture held more
+    runs["adahop_lv2/eager"]["run_peak_reserved_gib"] = 30.0  # no higher than its timed steps
     text = "\n".join(markdown({"vocab_size": 32768, "cases": {"llama3_1b_4x2048": case}}))
     assert "| adahop_lv2/compile+graph | 72,000 | 1.20x | - |" in text
+    assert "| 30.0 / 31.0 (45.0) |" in text  # the whole run's peak beside the steady one
+    assert "| 29.0 / 30.0 |" in text and "| 37.0 / 38.0 |" in text  # none where it adds nothing, or unknown
     assert "| float8_tensorwise/compile | failed: torchao is not installed |" in text
 
 

@@ -37,6 +37,9 @@ EXTRA_FIGURES = {
     "train_step_speedup_vs_float8": "llama3_1b 4x2048 training step, adahop_lv2 vs torchao float8 tensorwise, best modes",
     "train_step_speedup_vs_float8_3b": "llama3_3b 4x2048 training step, adahop_lv2 vs torchao float8 tensorwise, best modes",
     "peak_memory_ratio_vs_bf16": "llama3_1b 8x2048 peak reserved memory, adahop_lv2 / bf16, best modes",
+    "run_peak_memory_ratio_vs_bf16": (
+        "llama3_1b 8x2048 peak reserved memory of the whole run (calibration, capture), adahop_lv2 / bf16, best modes"
+    ),
     "linear_fwd_bwd_speedup_vs_bf16_lv1": "AdaHOPLinear fwd+bwd, calibrated lv1 mix vs nn.Linear",
     "saved_activation_compression_lv1": "saved activations, BF16 / AdaHOP, calibrated lv1 mix",
 }

@@ -91,6 +91,9 @@ class GraphedMicroStep:
         if not inputs.is_cuda:
             raise ValueError(f"CUDA graphs need CUDA inputs, got a tensor on {inputs.device}")
         if not self._warm:
+            # Blocks cached by earlier eager steps (calibration) belong to the default stream and
+            # cannot serve the side stream: give them back before it allocates its own.
+            torch.cuda.empty_cache()
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
