@@ -62,14 +62,25 @@ def assert_same_state(a: dict, b: dict, where: str) -> None:
             assert a[key] == b[key], f"{where}: {key}"
 
 
+def as_if_written_on_cuda(state: dict) -> None:
+    """A CUDA run's checkpoint: its AdamW ran fused (and its step counts were device tensors)."""
+    for group in state["optimizer"]["param_groups"]:
+        group["fused"] = True
+
+
 # Resume at step 1 while calibrating (votes in the checkpoint) and at step 4, after the freeze
-# (plan in the checkpoint; stochastic rounding draws its seeds from torch's restored generator).
-@pytest.mark.parametrize("stop_after", [1, 4])
-def test_resume_is_bit_exact(stop_after, straight_run, small_overrides, tmp_path, monkeypatch, caplog):
+# (plan in the checkpoint; stochastic rounding draws its seeds from torch's restored generator);
+# and at step 4 from a checkpoint whose optimizer ran fused, as on CUDA: this process runs it unfused.
+@pytest.mark.parametrize(("stop_after", "written_on_cuda"), [(1, False), (4, False), (4, True)])
+def test_resume_is_bit_exact(
+    stop_after, written_on_cuda, straight_run, small_overrides, tmp_path, monkeypatch, caplog
+):
     out = tmp_path / "resumed"
     cfg = load_config(None, exact_run_overrides(small_overrides, out, checkpoint__interval=stop_after))
 
     def save_then_crash(path, state):
+        if written_on_cuda:
+            as_if_written_on_cuda(state)
         ckpt.save_checkpoint(path, state)
         if state["step"] == stop_after:
             raise Interrupted
@@ -92,6 +103,7 @@ def test_resume_is_bit_exact(stop_after, straight_run, small_overrides, tmp_path
         return [(r["kind"], r["step"], r["loss"]) for r in read_metrics(run)]
 
     assert losses(out) == losses(straight_run.run_dir)  # every train and validation loss, exactly
+    assert not any(group["fused"] for group in resumed.optimizer.param_groups)
     layers = adahop_layers(resumed.model).values()
     assert not any(layer.calibrating for layer in layers)
     assert_same_state(resumed.model.state_dict(), straight_run.model.state_dict(), "model")

@@ -19,7 +19,13 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, device: torch.device) ->
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, fused=device.type == "cuda")
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, fused=runs_fused(device))
+
+
+def runs_fused(device: torch.device) -> bool:
+    """PyTorch's fused AdamW on CUDA (one kernel, and ``found_inf`` refuses a step on the device);
+    the single-tensor one elsewhere (the CPU's fused kernel rounds differently from it)."""
+    return device.type == "cuda"
 
 
 def lr_multiplier(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> float:
@@ -46,7 +52,18 @@ def build_lr_scheduler(
 
 def apply_hyperparameters(optimizer: torch.optim.AdamW, cfg: OptimConfig) -> None:
     """Set ``cfg``'s betas and weight decay on an optimizer whose state was loaded from a
-    checkpoint (which restores the values it was saved with); the lr comes from the schedule."""
+    checkpoint (which restores the values it was saved with); the lr comes from the schedule.
+    The checkpoint also restores how the saving process ran AdamW: a CPU run's checkpoint resumed
+    on CUDA would stay unfused, a CUDA run's on the CPU fused. Run it as this process would."""
     matrices, norms = optimizer.param_groups
     matrices.update(betas=cfg.betas, weight_decay=cfg.weight_decay)
     norms.update(betas=cfg.betas, weight_decay=0.0)
+    for group in optimizer.param_groups:
+        if not group["params"]:
+            continue
+        device = group["params"][0].device
+        group.update(fused=runs_fused(device), foreach=None, capturable=False)  # as build_optimizer makes it
+        for p in group["params"]:  # the fused kernel reads its step counts on the device, the other on the host
+            state = optimizer.state.get(p, {})
+            if torch.is_tensor(state.get("step")):
+                state["step"] = state["step"].to(device if group["fused"] else "cpu", torch.float32)
