@@ -72,9 +72,7 @@ def as_if_written_on_cuda(state: dict) -> None:
 # (plan in the checkpoint; stochastic rounding draws its seeds from torch's restored generator);
 # and at step 4 from a checkpoint whose optimizer ran fused, as on CUDA: this process runs it unfused.
 @pytest.mark.parametrize(("stop_after", "written_on_cuda"), [(1, False), (4, False), (4, True)])
-def test_resume_is_bit_exact(
-    stop_after, written_on_cuda, straight_run, small_overrides, tmp_path, monkeypatch, caplog
-):
+def test_resume_is_bit_exact(stop_after, written_on_cuda, straight_run, small_overrides, tmp_path, monkeypatch, caplog):
     out = tmp_path / "resumed"
     cfg = load_config(None, exact_run_overrides(small_overrides, out, checkpoint__interval=stop_after))
 
