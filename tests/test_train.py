@@ -28,7 +28,7 @@ from adahop.train import (
 )
 from adahop.train.cli import main
 from adahop.train.config import dump_toml
-from adahop.train.metrics import peak_memory_mib
+from adahop.train.metrics import PeakMemory
 from adahop.train.optim import lr_multiplier
 
 from conftest import SMALL_MODEL
@@ -158,13 +158,20 @@ def test_cli_errors_exit_2_with_choices(argv, expected, capsys):
     assert expected in capsys.readouterr().err
 
 
-def test_cuda_memory_fields_include_the_reserved_peak_that_counts_graph_pools(monkeypatch):
+def test_cuda_memory_fields_are_interval_peaks_beside_the_run_peak(monkeypatch):
     """Under CUDA graphs ``max_memory_allocated`` misses the graphs' private pools (measured in
-    benchmarks/results/2026-12-03-h200-step.md); the train record carries the reserved peak too."""
-    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 3 * 2**20)
-    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device=None: 5 * 2**20)
-    assert peak_memory_mib(torch.device("cuda")) == {"memory_mib": 3.0, "memory_reserved_mib": 5.0}
-    cpu = peak_memory_mib(torch.device("cpu"))
+    benchmarks/results/2026-12-03-h200-step.md), so records carry the reserved peak too; each
+    record's peaks are those since the previous one (calibration's and capture's peaks would
+    otherwise hide the frozen steps'), and the run's reserved peak is kept beside them."""
+    allocated, reserved = [3, 2], [50, 28]  # MiB: calibration's interval, then frozen steps'
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: allocated[0] * 2**20)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device=None: reserved[0] * 2**20)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: (allocated.pop(0), reserved.pop(0)))
+    memory = PeakMemory(torch.device("cuda"))
+    assert memory.read() == {"memory_mib": 3.0, "memory_reserved_mib": 50.0, "run_peak_reserved_mib": 50.0}
+    assert memory.read() == {"memory_mib": 2.0, "memory_reserved_mib": 28.0, "run_peak_reserved_mib": 50.0}
+    assert not allocated and not reserved  # each read reset the counters
+    cpu = PeakMemory(torch.device("cpu")).read()
     assert list(cpu) == ["memory_mib"] and cpu["memory_mib"] > 0
 
 

@@ -4,8 +4,9 @@
 
 - ``{"kind": "train", "step", "loss", "lr", "grad_norm", "tokens", "tokens_per_s", "memory_mib", "phase"}``
   every ``logging.log_every`` steps (``loss`` is that step's loss; ``tokens`` counts all tokens
-  trained on so far; ``phase`` is ``"calibrating"`` or ``"frozen"``), plus ``memory_reserved_mib``
-  on CUDA (``peak_memory_mib``); a run on several ranks (one record, by rank 0) sums
+  trained on so far; ``phase`` is ``"calibrating"`` or ``"frozen"``; on CUDA the memory figures
+  are the peaks since the previous record, plus ``memory_reserved_mib`` and the process's
+  ``run_peak_reserved_mib``: ``PeakMemory``); a run on several ranks (one record, by rank 0) sums
   ``tokens_per_s`` over ranks, reports the largest rank's memory figures and adds
   ``memory_mib_per_rank``, a list in rank order;
 - ``{"kind": "val", "step", "loss", "perplexity"}`` every ``logging.val_every`` steps and at the end;
@@ -36,17 +37,30 @@ MIB = 2**20
 _RSS_UNIT = 1 if sys.platform == "darwin" else 1024
 
 
-def peak_memory_mib(device: torch.device) -> dict[str, float]:
-    """The run's peak memory so far, as train-record fields. On CUDA ``memory_mib`` is what tensors
-    allocated and ``memory_reserved_mib`` what the caching allocator holds; only the second counts
-    the private pools of CUDA graphs, so it is the figure to compare when graphs replay. On CPU
-    ``memory_mib`` is the process's peak resident set."""
-    if device.type == "cuda":
-        return {
-            "memory_mib": torch.cuda.max_memory_allocated(device) / MIB,
-            "memory_reserved_mib": torch.cuda.max_memory_reserved(device) / MIB,
+class PeakMemory:
+    """Peak memory as train records report it. On CUDA each read resets the device's peak
+    counters, so a record says what the steps since the previous record needed (the steady state
+    once the plan froze, as torchtitan logs it) in ``memory_mib`` (tensors) and
+    ``memory_reserved_mib`` (the caching allocator; only this one counts the private pools of
+    CUDA graphs, so it is the figure to compare when graphs replay), and
+    ``run_peak_reserved_mib`` keeps this process's worst moment so far (calibration's eager
+    steps, compilation, graph capture). On the CPU ``memory_mib`` is the process's peak
+    resident set, a whole-run figure."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.run_peak_reserved_mib = 0.0
+
+    def read(self) -> dict[str, float]:
+        if self.device.type != "cuda":
+            return {"memory_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * _RSS_UNIT / MIB}
+        interval = {
+            "memory_mib": torch.cuda.max_memory_allocated(self.device) / MIB,
+            "memory_reserved_mib": torch.cuda.max_memory_reserved(self.device) / MIB,
         }
-    return {"memory_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * _RSS_UNIT / MIB}
+        torch.cuda.reset_peak_memory_stats(self.device)
+        self.run_peak_reserved_mib = max(self.run_peak_reserved_mib, interval["memory_reserved_mib"])
+        return interval | {"run_peak_reserved_mib": self.run_peak_reserved_mib}
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:

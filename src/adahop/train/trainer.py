@@ -70,7 +70,7 @@ from .distributed import (
     shard_model,
 )
 from .graphs import GraphedMicroStep
-from .metrics import METRICS_FILE, PLOT_FILE, MetricsLogger, peak_memory_mib, plot_losses, read_metrics
+from .metrics import METRICS_FILE, PLOT_FILE, MetricsLogger, PeakMemory, plot_losses, read_metrics
 from .nonfinite import PendingSteps, StepFigures, step_unless_non_finite
 from .optim import apply_hyperparameters, build_lr_scheduler, build_optimizer
 from .sharded_checkpoint import (
@@ -160,6 +160,7 @@ class Trainer:
         self._plan_saved = self._compiled = self._plan_restored = False
         self._graphed: GraphedMicroStep | None = None
         self.pattern_record: dict | None = None  # the last telemetry step's, until logged
+        self.memory = PeakMemory(self.device)
         if checkpoint is not None:
             self._resume_from(*checkpoint)
         self.scheduler = build_lr_scheduler(self.optimizer, cfg.optim, cfg.training.steps, self.step)
@@ -418,7 +419,7 @@ class Trainer:
         self, metrics: MetricsLogger | None, loss: float, lr: float, grad_norm: float, tokens_per_s: float
     ) -> None:
         """Log a train record (rank 0); ``tokens_per_s`` is this rank's, summed over ranks here."""
-        memory, per_rank = peak_memory_mib(self.device), {}
+        memory, per_rank = self.memory.read(), {}
         if self.env.distributed:  # a collective: every rank logs at the same steps
             ranks = gather_floats(self.device, tokens_per_s, *memory.values())
             tokens_per_s = sum(r[0] for r in ranks)
