@@ -79,3 +79,50 @@ def test_a_recipe_with_changed_fields_is_its_own_group(tmp_path):
     plain = compare.read_run(fake_run(tmp_path, "adahop_lv2", 0, 2.7))
     ablated = compare.read_run(fake_run(tmp_path, "adahop_lv2", 0, 2.7, extra='bf16_gemms = ["wgrad"]'))
     assert list(compare.group_runs([plain, ablated])) == ["adahop_lv2", "adahop_lv2 (bf16_gemms=['wgrad'])"]
+
+
+def test_runs_sharing_a_seed_count_as_one_seed_and_their_spread_is_the_noise_at_a_seed(seed_runs, tmp_path):
+    """Rounding streams of one seed (``training.rounding_seed_offset``) are not more seeds: they are
+    averaged into their seed, and their spread is reported beside the gap (adahop compare and the
+    quality study's summary.py alike)."""
+    streams = tmp_path / "streams"
+    streams.mkdir()
+    lv2_n1 = [2.77, 2.68]  # seeds 0 and 1 again, other rounding keys
+    extra = [fake_run(streams, "adahop_lv2", seed, loss) for seed, loss in enumerate(lv2_n1)]
+    extra.append(fake_run(streams, "bf16", 0, BF16[0]))  # BF16 draws no keys: the same loss again
+    runs = [compare.read_run(p) for p in (*seed_runs, *extra)]
+    rows = {r["recipe"]: r for r in compare.recipe_rows(runs)}
+
+    per_seed = [statistics.fmean([LV2[0], lv2_n1[0]]), statistics.fmean([LV2[1], lv2_n1[1]]), LV2[2]]
+    gaps = [a - b for a, b in zip(per_seed, BF16)]
+    lv2 = rows["adahop_lv2"]
+    assert lv2["n"] == 5 and lv2["pairing"] == "paired"
+    assert lv2["final_val_loss_mean"] == pytest.approx(statistics.fmean(per_seed))
+    assert lv2["val_gap_to_bf16"] == pytest.approx(statistics.fmean(gaps))
+    assert lv2["gap_stderr"] == pytest.approx(statistics.stdev(gaps) / math.sqrt(3))  # three seeds, not five runs
+    pooled = math.sqrt((statistics.variance([LV2[0], lv2_n1[0]]) + statistics.variance([LV2[1], lv2_n1[1]])) / 2)
+    assert lv2["same_seed_std"] == pytest.approx(pooled)
+    assert rows["bf16"]["same_seed_std"] == 0.0 and rows["bf16"]["final_val_loss_std"] == pytest.approx(
+        statistics.stdev(BF16)
+    )
+    assert rows["mxfp4"]["same_seed_std"] is None
+    assert f"| {pooled:.4f} |" in compare.recipe_markdown(list(rows.values()))
+
+    summary = load_summary_script().summarize([str(p) for p in (*seed_runs, *extra)])
+    by_recipe = {r["recipe"]: r for r in summary["recipes"]}
+    g = by_recipe["adahop_lv2"]["val_gap"]
+    assert (g["gap"], g["stderr"]) == pytest.approx((lv2["val_gap_to_bf16"], lv2["gap_stderr"]))
+    assert by_recipe["adahop_lv2"]["val_same_seed_std"] == pytest.approx(pooled)
+    assert "BF16 seed spread (std of the final val loss over 3 seeds)" in load_summary_script().markdown(summary)
+
+
+def load_summary_script():
+    """benchmarks/quality_h200/summary.py, which is a script, not part of the package."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "benchmarks" / "quality_h200" / "summary.py"
+    spec = importlib.util.spec_from_file_location("quality_summary", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

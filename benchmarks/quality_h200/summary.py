@@ -8,7 +8,8 @@ one run directory. A run contributes its final validation loss (``metrics.jsonl`
 validation split) and, when its ``eval.json`` is there, the held-out loss as trained and with every
 linear in BF16. The gap statistics are those of ``adahop compare`` (``adahop.analysis.compare``):
 paired by seed when every seed of the recipe has a BF16 run (standard error of the mean per-seed
-gap), else Welch; "inside the noise" when |gap| < 2 standard errors.
+gap), else Welch; "inside the noise" when |gap| < 2 standard errors; runs that share a seed
+(rounding streams) count as one seed, their spread reported as the noise at a fixed seed.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from adahop.analysis.compare import NOISE_SIGMAS, group_runs
-from adahop.analysis.runs import RunRecord, read_run
+from adahop.analysis.compare import NOISE_SIGMAS, gap_between, group_runs, seed_means
+from adahop.analysis.runs import read_run
 
 BF16_SPREAD_TARGET = 0.01  # issue 12: a length where BF16's own seed spread is below this (nats)
 EVAL_FILE = "eval.json"
@@ -49,37 +50,6 @@ def _configured_steps(path: Path) -> int | None:
 
     f = path / "config.toml"
     return tomllib.loads(f.read_text()).get("training", {}).get("steps") if f.is_file() else None
-
-
-def _mean_std(values: list[float]) -> tuple[float, float | None]:
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
-
-
-def gap(mine: dict, base: dict) -> dict:
-    """Gap of ``mine`` (seed -> loss) to ``base``: mean, standard error, pairing, verdict."""
-    if None not in mine and mine.keys() <= base.keys() and None not in base:
-        diffs = [mine[s] - base[s] for s in mine]
-        m, sd = _mean_std(diffs)
-        se, pairing = (None if sd is None else sd / math.sqrt(len(diffs))), "paired"
-    else:
-        (a, sa), (b, sb) = _mean_std(list(mine.values())), _mean_std(list(base.values()))
-        m, pairing = a - b, "unpaired"
-        se = None if sa is None or sb is None else math.sqrt(sa**2 / len(mine) + sb**2 / len(base))
-    if se is None:
-        verdict = "no error bar (n < 2)"
-    else:
-        verdict = "inside the noise" if abs(m) < NOISE_SIGMAS * se else "beyond the noise"
-    return {"gap": m, "stderr": se, "pairing": pairing, "verdict": verdict}
-
-
-def _by_seed(runs: list[RunRecord], value) -> dict:
-    """seed -> value for the runs where value() is a number (the last run of a repeated seed wins)."""
-    out = {}
-    for r in runs:
-        v = value(r)
-        if v is not None and not math.isnan(v):
-            out[r.seed] = v
-    return out
 
 
 def summarize(paths: list[str]) -> dict:
@@ -116,15 +86,15 @@ def summarize(paths: list[str]) -> dict:
             "seeds": sorted((r.seed for r in rs), key=str),
         }
         for key, value in (("val", val), ("eval", ev)):
-            mine = _by_seed(rs, value)
+            mine, same_seed_std = seed_means((r.seed, value(r)) for r in rs)
             if not mine:
                 continue
-            m, sd = _mean_std(list(mine.values()))
-            row[f"{key}_mean"], row[f"{key}_std"] = m, sd
-            if base is not None and rs is not base:
-                b = _by_seed(base, value)
-                if b:
-                    row[f"{key}_gap"] = gap(mine, b)
+            values = list(mine.values())
+            row[f"{key}_mean"] = statistics.fmean(values)
+            row[f"{key}_std"] = statistics.stdev(values) if len(values) > 1 else None
+            row[f"{key}_same_seed_std"] = same_seed_std
+            if base is not None and rs is not base and seed_means((b.seed, value(b)) for b in base)[0]:
+                row[f"{key}_gap"] = gap_between(((r.seed, value(r)) for r in rs), ((b.seed, value(b)) for b in base))
         per_recipe.append(row)
     return {"runs": per_run, "recipes": per_recipe}
 
@@ -159,15 +129,18 @@ def markdown(summary: dict) -> str:
         "",
         f"## By recipe (mean ± std over seeds; gap to bf16 ± s.e., inside the noise: |gap| < {NOISE_SIGMAS:g} s.e.)",
         "",
-        "| recipe | n | seeds | val loss | val gap to bf16 | eval loss | eval gap to bf16 |",
-        "|---|---:|---|---:|---|---:|---|",
+        "| recipe | n | seeds | val loss | val std at a seed | val gap to bf16 | eval loss | eval gap to bf16 |",
+        "|---|---:|---|---:|---:|---|---:|---|",
     ]
     for r in summary["recipes"]:
         cells = []
         for key in ("val", "eval"):
             mean = r.get(f"{key}_mean")
             sd = r.get(f"{key}_std")
-            cells += [_f(mean) + ("" if sd is None else f" ± {sd:.4f}"), _gap_cell(r.get(f"{key}_gap"))]
+            cells.append(_f(mean) + ("" if sd is None else f" ± {sd:.4f}"))
+            if key == "val":
+                cells.append(_f(r.get("val_same_seed_std")))
+            cells.append(_gap_cell(r.get(f"{key}_gap")))
         lines.append(f"| {r['recipe']} | {r['n']} | {','.join(map(str, r['seeds']))} | " + " | ".join(cells) + " |")
     bf16 = next((r for r in summary["recipes"] if r["base_recipe"] == "bf16"), None)
     if bf16 is not None:
@@ -178,7 +151,7 @@ def markdown(summary: dict) -> str:
             ok = "below" if sd < BF16_SPREAD_TARGET else "NOT below"
             lines += [
                 "",
-                f"BF16 seed spread (std of the final val loss over {bf16['n']} seeds): {sd:.4f}, {ok} "
+                f"BF16 seed spread (std of the final val loss over {len(set(bf16['seeds']))} seeds): {sd:.4f}, {ok} "
                 f"the issue's {BF16_SPREAD_TARGET} nats.",
             ]
     return "\n".join(lines) + "\n"

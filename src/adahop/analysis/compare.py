@@ -3,8 +3,10 @@
 Runs of one recipe (same recipe fields, any seed) form a group: the table gives its mean final
 validation loss with the spread across seeds (std, n) and the gap to the BF16 group with its
 standard error, paired by seed when every seed has a BF16 run (else the two means' Welch error);
-a gap smaller than ``NOISE_SIGMAS`` standard errors is marked as inside the noise. The plot draws
-each group's mean curve with a band of one standard deviation across its seeds.
+a gap smaller than ``NOISE_SIGMAS`` standard errors is marked as inside the noise. Runs that
+share a seed (other ``training.rounding_seed_offset`` streams, reruns) are averaged into their
+seed, and their spread is reported as the noise at a fixed seed. The plot draws each group's
+mean curve with a band of one standard deviation across its runs.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import json
 import math
 import statistics
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 from rich.console import Console
@@ -70,25 +73,44 @@ def group_runs(runs: list[RunRecord]) -> dict[str, list[RunRecord]]:
     return groups
 
 
-def _by_seed(runs: list[RunRecord]) -> dict[int, float] | None:
-    """Final validation loss per seed, or None when a seed is unknown or repeated."""
-    seeds = [r.seed for r in runs]
-    if None in seeds or len(set(seeds)) != len(seeds):
-        return None
-    return {r.seed: r.final_val_loss() for r in runs}
+Sample = tuple[int | None, float]  # (seed, value) of one run
 
 
-def gap_to_bf16(runs: list[RunRecord], bf16: list[RunRecord]) -> tuple[float, float | None, str]:
-    """(gap of the mean final validation loss to BF16, its standard error or None for fewer than
-    two seeds, "paired" or "unpaired")."""
-    mine, base = _by_seed(runs), _by_seed(bf16)
-    if mine is not None and base is not None and mine.keys() <= base.keys():
-        gaps = [loss - base[seed] for seed, loss in mine.items()]
-        mean, std = _mean_std(gaps)
-        return mean, None if std is None else std / math.sqrt(len(gaps)), "paired"
-    (m, s), (mb, sb) = _mean_std([r.final_val_loss() for r in runs]), _mean_std([r.final_val_loss() for r in bf16])
-    se = None if s is None or sb is None else math.sqrt(s**2 / len(runs) + sb**2 / len(bf16))
-    return m - mb, se, "unpaired"
+def seed_means(samples: Iterable[Sample]) -> tuple[dict, float | None]:
+    """The value per seed (runs that share a seed, such as rounding streams or reruns, averaged;
+    a run of unknown seed is a seed of its own; NaN and None values left out), and the pooled
+    standard deviation of the runs that share a seed (None when none does): the noise at a
+    fixed seed, against which a gap between recipes is read."""
+    by_seed: dict = {}
+    for i, (seed, value) in enumerate(samples):
+        if value is not None and not math.isnan(value):
+            by_seed.setdefault(("run", i) if seed is None else seed, []).append(value)
+    shared = [v for v in by_seed.values() if len(v) > 1]
+    dof = sum(len(v) - 1 for v in shared)
+    pooled = math.sqrt(sum(statistics.variance(v) * (len(v) - 1) for v in shared) / dof) if dof else None
+    return {seed: statistics.fmean(v) for seed, v in by_seed.items()}, pooled
+
+
+def gap_between(mine: Iterable[Sample], base: Iterable[Sample]) -> dict:
+    """Gap of ``mine`` to ``base``: ``gap`` (mean), ``stderr`` (None below two seeds), ``pairing``,
+    ``verdict`` and ``same_seed_std`` (``mine``'s noise at a fixed seed, see ``seed_means``).
+    Paired by seed when every seed of ``mine`` has a ``base`` value (the mean per-seed gap and its
+    standard error over seeds), else the difference of the two means with Welch's error."""
+    (m, same_seed_std), (b, _) = seed_means(mine), seed_means(base)
+    if m and all(isinstance(seed, int) for seed in m) and m.keys() <= b.keys():
+        gap, sd = _mean_std([m[seed] - b[seed] for seed in m])
+        stderr, pairing = (None if sd is None else sd / math.sqrt(len(m))), "paired"
+    else:
+        (gm, sm), (gb, sb) = _mean_std(list(m.values())), _mean_std(list(b.values()))
+        gap, pairing = gm - gb, "unpaired"
+        stderr = None if sm is None or sb is None else math.sqrt(sm**2 / len(m) + sb**2 / len(b))
+    return {
+        "gap": gap,
+        "stderr": stderr,
+        "pairing": pairing,
+        "verdict": _verdict(gap, stderr),
+        "same_seed_std": same_seed_std,
+    }
 
 
 def _verdict(gap: float, se: float | None) -> str:
@@ -98,12 +120,14 @@ def _verdict(gap: float, se: float | None) -> str:
 
 
 def recipe_rows(runs: list[RunRecord]) -> list[dict]:
-    """One row per recipe: final validation loss over its seeds and the gap to the BF16 recipe."""
+    """One row per recipe: final validation loss over its seeds (runs of one seed averaged), the
+    spread of runs that share a seed, and the gap to the BF16 recipe."""
     groups = group_runs(runs)
     base = next((g for g, rs in groups.items() if rs[0].recipe == "bf16"), None)
     rows = []
     for label, rs in groups.items():
-        mean, std = _mean_std([r.final_val_loss() for r in rs])
+        values, same_seed_std = seed_means((r.seed, r.final_val_loss()) for r in rs)
+        mean, std = _mean_std(list(values.values()))
         row = {
             "recipe": label,
             "n": len(rs),
@@ -111,10 +135,18 @@ def recipe_rows(runs: list[RunRecord]) -> list[dict]:
             "steps": sorted({r.train_steps[-1] if r.train_steps else 0 for r in rs}),
             "final_val_loss_mean": mean,
             "final_val_loss_std": std,
+            "same_seed_std": same_seed_std,
         }
         if base is not None and label != base:
-            gap, se, pairing = gap_to_bf16(rs, groups[base])
-            row |= {"val_gap_to_bf16": gap, "gap_stderr": se, "pairing": pairing, "verdict": _verdict(gap, se)}
+            g = gap_between(
+                ((r.seed, r.final_val_loss()) for r in rs), ((b.seed, b.final_val_loss()) for b in groups[base])
+            )
+            row |= {
+                "val_gap_to_bf16": g["gap"],
+                "gap_stderr": g["stderr"],
+                "pairing": g["pairing"],
+                "verdict": g["verdict"],
+            }
         elif label == base:
             row |= {"val_gap_to_bf16": 0.0, "verdict": "baseline"}
         rows.append(row)
@@ -213,28 +245,43 @@ def _pm(mean: float, err: float | None, signed: bool = False) -> str:
 
 
 def _recipe_cells(row: dict) -> list[str]:
-    """recipe, n, mean ± std of the final val loss, gap ± standard error, verdict."""
+    """recipe, n, mean ± std of the final val loss, same-seed std, gap ± standard error, verdict."""
     gap = _pm(row["val_gap_to_bf16"], row.get("gap_stderr"), signed=True) if "val_gap_to_bf16" in row else "-"
     verdict = row.get("verdict", "-") + (f" ({row['pairing']})" if "pairing" in row else "")
     mean = _pm(row["final_val_loss_mean"], row["final_val_loss_std"])
-    return [row["recipe"], str(row["n"]), mean, gap, verdict]
+    return [row["recipe"], str(row["n"]), mean, _fmt(row.get("same_seed_std")), gap, verdict]
 
 
-RECIPE_HEAD = ["recipe", "n", "final val loss (mean ± std)", "val gap to bf16 (± s.e.)", "verdict"]
+RECIPE_HEAD = [
+    "recipe",
+    "n",
+    "final val loss (mean ± std)",
+    "std at a seed",
+    "val gap to bf16 (± s.e.)",
+    "verdict",
+]
 
 
 def recipe_markdown(rows: list[dict]) -> str:
-    lines = ["| " + " | ".join(RECIPE_HEAD) + " |", "|---|---:|---:|---:|---|"]
+    lines = ["| " + " | ".join(RECIPE_HEAD) + " |", "|---|---:|---:|---:|---:|---|"]
     lines += ["| " + " | ".join(_recipe_cells(r)) + " |" for r in rows]
     return "\n".join(lines)
 
 
 def print_recipe_table(rows: list[dict], console: Console) -> None:
+    # The same-seed column only where runs share a seed: a terminal has less room than a file.
+    keep = [
+        i
+        for i, col in enumerate(RECIPE_HEAD)
+        if col != "std at a seed" or any(r.get("same_seed_std") is not None for r in rows)
+    ]
     table = Table(title=f"by recipe across seeds (inside the noise: |gap| < {NOISE_SIGMAS:g} s.e.)")
-    for col in RECIPE_HEAD:
+    for i in keep:
+        col = RECIPE_HEAD[i]
         table.add_column(col, justify="right" if col in ("n",) or "±" in col else "left")
     for r in rows:
-        table.add_row(*_recipe_cells(r))
+        cells = _recipe_cells(r)
+        table.add_row(*(cells[i] for i in keep))
     console.print(table)
 
 
