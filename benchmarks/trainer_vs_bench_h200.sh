@@ -49,19 +49,28 @@ try:
 except (OSError, KeyError, ValueError) as e:
     bench = {}
     print(f"bench result missing ({e!r})")
-rows, trained = [], {}
+rows, memory, trained = [], [], {}
+nan = float("nan")
 for recipe, mode in (("bf16", "compile"), ("adahop_lv2", "compile+graph")):
     try:
         records = [json.loads(line) for line in open(f"{out}/metrics-{recipe}.jsonl")]
     except OSError:
         records = []
-    frozen = [r["tokens_per_s"] for r in records if r["kind"] == "train" and r["step"] > skip and r.get("phase") == "frozen"]
-    trained[recipe] = statistics.median(frozen) if frozen else float("nan")
-    benched = bench.get(f"{recipe}/{mode}", {}).get("tokens_per_s", float("nan"))
+    frozen = [r for r in records if r["kind"] == "train" and r["step"] > skip and r.get("phase") == "frozen"]
+    trained[recipe] = statistics.median(r["tokens_per_s"] for r in frozen) if frozen else nan
+    b = bench.get(f"{recipe}/{mode}", {})
+    benched = b.get("tokens_per_s", nan)
     rows.append(f"| {recipe} / {mode} | {benched:,.0f} | {trained[recipe]:,.0f} ({len(frozen)} records) | {trained[recipe] / benched:.3f} |")
+    # GiB: the trainer's reserved peaks of its frozen records (each since the one before) and of the whole run
+    steady = statistics.median(r.get("memory_reserved_mib", nan) for r in frozen) / 1024 if frozen else nan
+    run_peak = max((r.get("run_peak_reserved_mib", r.get("memory_reserved_mib", nan)) for r in records), default=nan) / 1024
+    memory.append(f"| {recipe} / {mode} | {b.get('peak_reserved_gib', nan):.1f} / {b.get('run_peak_reserved_gib', nan):.1f} | {steady:.1f} / {run_peak:.1f} |")
 print(f"| run ({case}) | bench tok/s | trainer tok/s (median after step {skip}) | trainer / bench |")
 print("|---|---|---|---|")
 print("\n".join(rows))
+print("\n| run | bench reserved GiB: timed steps / whole run | trainer reserved GiB: frozen records' median / whole run |")
+print("|---|---|---|")
+print("\n".join(memory))
 b = bench.get("bf16/compile", {}).get("tokens_per_s", float("nan"))
 a = bench.get("adahop_lv2/compile+graph", {}).get("tokens_per_s", float("nan"))
 print(f"\nadahop_lv2 / bf16: bench {a / b:.3f}, trainer {trained['adahop_lv2'] / trained['bf16']:.3f}")
