@@ -9,13 +9,17 @@ is left in high precision by the converter.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 INIT_STD = 0.02
 IGNORE_INDEX = -100  # target value that the loss skips
@@ -208,6 +212,10 @@ class Transformer(nn.Module):
         table_shape = (args.max_seq_len, args.head_dim // 2)
         self.register_buffer("rope_cos", torch.empty(table_shape), persistent=False)
         self.register_buffer("rope_sin", torch.empty(table_shape), persistent=False)
+        # Activation checkpointing: None keeps each block's activations for backward; a context
+        # factory (``contextlib.nullcontext`` for plain recomputation) keeps only the blocks'
+        # inputs and recomputes the rest in backward, inside that context.
+        self.recompute_in: Callable[[], AbstractContextManager] | None = None
         self.init_weights()
 
     @torch.no_grad()
@@ -245,12 +253,18 @@ class Transformer(nn.Module):
         cos, sin = self.rope_cos[:seq_len], self.rope_sin[:seq_len]
         h = self.tok_embeddings(tokens)
         for layer in self.layers:
-            h = layer(h, cos, sin)
+            if self.recompute_in is not None and torch.is_grad_enabled():
+                h = checkpoint(layer, h, cos, sin, use_reentrant=False, context_fn=self._recompute_contexts)
+            else:
+                h = layer(h, cos, sin)
         logits = self.output(self.norm(h))
         if targets is None:
             return logits
         loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX)
         return logits, loss
+
+    def _recompute_contexts(self) -> tuple[AbstractContextManager, AbstractContextManager]:
+        return contextlib.nullcontext(), self.recompute_in()
 
 
 def get_model_args(name: str) -> ModelArgs:

@@ -35,7 +35,7 @@ from .. import ops
 from ..gemm.matmul import tn_matmul
 from ..formats import QuantSpec
 from ..gemm.operand import GemmOperand, prepare_operand, prepare_weight_tiles
-from ..policy.calibration import PatternVotes, attach_pattern_hooks
+from ..policy.calibration import PatternVotes, attach_pattern_hooks, votes_paused
 from ..policy.strategies import GEMMS, ROLES, LayerPlan, Strategy
 from ..recipes import Recipe, get_recipe
 from ..transforms import random_signs
@@ -259,7 +259,7 @@ class AdaHOPLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input(x)
-        if self.plan is None:
+        if self.plan is None and not votes_paused():  # a recompute runs as the forward did
             self._maybe_freeze()
         if self.plan is None or self.plan.all_bf16:
             return F.linear(x, self.weight, self.bias)

@@ -5,10 +5,14 @@ calibration (30 steps by default): a :class:`PatternRecorder` on each linear lay
 pattern of X and W on every training forward and of dY on the backward; the majority per
 tensor picks the layer's :class:`LayerPlan`. A :class:`ModelPlan` (module name -> plan) is
 saved as JSON so that a later run can skip calibration.
+
+A forward that only recomputes activations for backward (activation checkpointing) is not a
+new training step: inside :func:`paused_votes` no recorder votes and no layer freezes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections import Counter
@@ -23,6 +27,22 @@ from .patterns import DEFAULT_THRESHOLD, PATTERNS, Pattern, check_pattern, detec
 from .strategies import DEFAULT_TABLE, GEMMS, ROLES, LayerPlan, StrategyTable, plan_for_patterns
 
 PLAN_VERSION = 1
+_pauses = 0  # how many paused_votes blocks are open (a recompute runs in autograd's thread)
+
+
+@contextlib.contextmanager
+def paused_votes() -> Iterator[None]:
+    """Forwards run inside this block record no pattern votes and freeze no plan."""
+    global _pauses
+    _pauses += 1
+    try:
+        yield
+    finally:
+        _pauses -= 1
+
+
+def votes_paused() -> bool:
+    return _pauses > 0
 
 
 def _check_role(role: str) -> str:
@@ -98,7 +118,7 @@ class PatternRecorder:
 
     On a training forward with grad enabled it votes X (flattened to [tokens, in]) and the
     weight [out, in], and hooks the output to vote dY (flattened to [tokens, out]). Nothing is
-    recorded under ``eval()`` or ``no_grad``. ``remove()`` (or leaving the ``with`` block)
+    recorded under ``eval()``, ``no_grad`` or :func:`paused_votes`. ``remove()`` (or leaving the ``with`` block)
     detaches it; a backward still pending then records nothing.
     """
 
@@ -115,7 +135,7 @@ class PatternRecorder:
         self.votes.add(role, detect_pattern(t.reshape(-1, t.shape[-1]), self.threshold))
 
     def _on_forward(self, module: nn.Module, args: tuple, output) -> None:
-        if not (module.training and torch.is_grad_enabled()):
+        if votes_paused() or not (module.training and torch.is_grad_enabled()):
             return
         self._vote("x", args[0])
         self._vote("w", module.weight)

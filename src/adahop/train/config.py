@@ -96,6 +96,10 @@ class TrainingConfig:
     # Every N steps after calibration, sample each layer's X/W/dY outlier patterns and log how many
     # drifted from the plan (train.telemetry); 0 turns it off. That step runs eagerly (no graph replay).
     pattern_telemetry_every: int = 500
+    # Steps that vote patterns (calibration, pattern telemetry) run uncompiled, at BF16 width during
+    # calibration: recompute each block's activations in backward on those steps (activation
+    # checkpointing, votes paused) so they need no more memory than a frozen step.
+    recompute_pattern_steps: bool = True
 
 
 @dataclass

@@ -4,7 +4,10 @@ Calibration needs no code here: under an adaptive recipe each ``AdaHOPLinear`` r
 outlier patterns during its first ``recipe.calibration_steps`` training forwards (computing in
 high precision) and then freezes its plan. The trainer only notices the freeze, logs the plan
 table and saves ``plan.json``. After it, every ``training.pattern_telemetry_every`` steps, it
-samples the patterns again and logs how far they drifted from the plan (``telemetry``).
+samples the patterns again and logs how far they drifted from the plan (``telemetry``). Those
+voting steps run uncompiled, calibration's at BF16 width: with ``training.recompute_pattern_steps``
+each block recomputes its activations in backward there (votes paused), so they need no more
+memory than a frozen step.
 
 The step itself reads no value back from the device (calibrating layers and pattern telemetry
 do, on their steps): a non-finite loss or gradient norm is refused there (that update and every
@@ -42,6 +45,7 @@ from ..atomic import remove_stale_temp_files, write_atomic
 from ..models import num_params
 from ..nn import adahop_layers, model_plan
 from ..policy import NonFiniteTensorError
+from ..policy.calibration import paused_votes
 from .builders import autocast_for, build_data, build_model_from_config, mean_loss, resolve_device
 from .checkpoint import (
     CHECKPOINT_DIR,
@@ -334,9 +338,10 @@ class Trainer:
         if self._graphed is not None and first:  # the graphs own .grad: overwrite it in place
             self.optimizer.zero_grad(set_to_none=False)
         uncompiled = torch.compiler.set_stance("force_eager") if eager and self._compiled else contextlib.nullcontext()
-        with self._autocast(), uncompiled:
-            _, loss = self.model(inputs, targets)
-        (loss / self.cfg.training.grad_accum).backward()
+        with uncompiled:  # backward too: a recomputed block must run as its forward did
+            with self._autocast():
+                _, loss = self.model(inputs, targets)
+            (loss / self.cfg.training.grad_accum).backward()
         return loss.detach()
 
     def _telemetry_layers(self) -> dict:
@@ -357,14 +362,16 @@ class Trainer:
         accum = self.cfg.training.grad_accum
         loss_sum = torch.zeros((), device=self.device)
         sampled = self._telemetry_layers()
-        with sample_patterns(sampled) as votes:
+        votes = self.phase == "calibrating" or bool(sampled)
+        self.model.recompute_in = paused_votes if votes and self.cfg.training.recompute_pattern_steps else None
+        with sample_patterns(sampled) as sampled_votes:
             for i in range(accum):
                 inputs, targets = (t.to(self.device, non_blocking=True) for t in next(self.data.train))
                 loss_sum += self._micro_step(inputs, targets, first=i == 0, eager=bool(sampled))
         if sampled:
             if self.env.distributed:
-                merge_over_ranks(votes, self.device)
-            self.pattern_record = drift_record(sampled, votes)
+                merge_over_ranks(sampled_votes, self.device)
+            self.pattern_record = drift_record(sampled, sampled_votes)
         loss = loss_sum / accum
         if self.env.distributed:  # every rank gets the same loss and norm, so all refuse the same steps
             loss = all_ranks_mean(loss)

@@ -1,0 +1,127 @@
+"""Recomputed steps: the steps that vote patterns (calibration, telemetry) run uncompiled, so the
+trainer checkpoints each block's activations on them (``training.recompute_pattern_steps``). A
+recompute must train exactly as the step without it, keep fewer activations, and vote nothing."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from torch.nn.attention import SDPBackend
+
+from adahop.models import build_model
+from adahop.nn import AdaHOPLinear, convert_model
+from adahop.policy.calibration import PatternVotes, attach_pattern_hooks, paused_votes, votes_paused
+from adahop.recipes import get_recipe
+from adahop.train import Trainer, load_config, read_metrics
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_no_vote_and_no_freeze_inside_paused_votes():
+    linear = torch.nn.Linear(64, 32)
+    votes = PatternVotes()
+    with attach_pattern_hooks(linear, votes):
+        with paused_votes():
+            assert votes_paused()
+            linear(torch.randn(8, 64, requires_grad=True)).sum().backward()
+        assert not votes_paused() and votes.count("x") == 0 and votes.count("g") == 0
+        linear(torch.randn(8, 64, requires_grad=True)).sum().backward()
+    assert votes.count("x") == votes.count("w") == votes.count("g") == 1
+
+    layer = AdaHOPLinear(64, 32, recipe=dataclasses.replace(get_recipe("adahop_lv2"), calibration_steps=1))
+    layer(torch.randn(8, 64, requires_grad=True)).sum().backward()  # one vote each: enough to freeze
+    with paused_votes():
+        layer(torch.randn(8, 64, requires_grad=True))
+    assert layer.calibrating  # a recompute never freezes the plan
+    layer(torch.randn(8, 64, requires_grad=True))
+    assert not layer.calibrating
+
+
+def _saved_bytes_and_grads(model: torch.nn.Module, tokens: torch.Tensor) -> tuple[int, float, list]:
+    """Bytes the autograd graph keeps for backward (outside checkpointed blocks), the loss, grads."""
+    saved = 0
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        nonlocal saved
+        saved += t.numel() * t.element_size()
+        return t
+
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(1)  # the same stochastic-rounding seeds in both passes
+    # The math attention kernel: CUDA's fused attention backward need not repeat itself bit for bit.
+    with torch.nn.attention.sdpa_kernel(SDPBackend.MATH):
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            _, loss = model(tokens[:, :-1], tokens[:, 1:])
+        loss.backward()
+    return saved, loss.item(), [p.grad.clone() for p in model.parameters()]
+
+
+CUDA = pytest.param(
+    "cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+)
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+@pytest.mark.parametrize("phase", ["calibrating", "frozen"])
+def test_recomputed_blocks_give_the_same_gradients_and_keep_far_fewer_activations(phase, device):
+    """Calibrating: BF16 GEMMs and votes. Frozen: MXFP4 with stochastic rounding, whose seeds the
+    recompute must draw again exactly as the forward drew them (on CUDA: on the device)."""
+    torch.manual_seed(0)
+    recipe = dataclasses.replace(get_recipe("adahop_lv2"), calibration_steps=1 if phase == "frozen" else 30)
+    model = convert_model(build_model("tiny", vocab_size=256, n_layers=3, dim=64), recipe=recipe).to(device)
+    model.train()
+    tokens = torch.randint(0, 256, (2, 65), device=device)
+    layers = [m for m in model.modules() if isinstance(m, AdaHOPLinear)]
+    if phase == "frozen":
+        _saved_bytes_and_grads(model, tokens)  # the one calibration step; the next forward freezes
+
+    kept, loss, grads = _saved_bytes_and_grads(model, tokens)
+    assert all(layer.calibrating == (phase == "calibrating") for layer in layers)
+    model.recompute_in = paused_votes
+    kept_recomputed, loss_recomputed, grads_recomputed = _saved_bytes_and_grads(model, tokens)
+
+    assert loss_recomputed == loss
+    assert all(torch.equal(a, b) for a, b in zip(grads, grads_recomputed, strict=True))
+    assert kept_recomputed < kept / 3
+    if phase == "calibrating":  # each pass voted once: the recompute added no vote
+        assert {layer.votes.count(role) for layer in layers for role in ("x", "w", "g")} == {2}
+
+
+def test_trainer_recomputes_exactly_the_voting_steps_and_trains_the_same(small_overrides, tmp_path, monkeypatch):
+    seen: list[tuple[int, bool]] = []
+    micro_step = Trainer._micro_step
+
+    def spy(self, *args, **kwargs):
+        seen.append((self.step + 1, self.model.recompute_in is paused_votes))
+        return micro_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "_micro_step", spy)
+    extra = {
+        "recipe": "adahop_lv2",
+        "training__steps": 8,
+        "training__pattern_telemetry_every": 3,
+        "training__compile": True,
+        "training__compile_backend": "aot_eager",
+    }
+    runs = {}
+    for recompute in (True, False):
+        seen.clear()
+        run = tmp_path / str(recompute)
+        cfg = load_config(None, small_overrides(run, training__recompute_pattern_steps=recompute, **extra))
+        trainer = Trainer(cfg, progress=False)
+        trainer.train()
+        states = {name: layer.get_extra_state().clone() for name, layer in trainer.named_layers.items()}
+        runs[recompute] = (list(seen), read_metrics(run), states, (run / "plan.json").read_text())
+
+    # Calibration votes on steps 1-2 and freezes in step 3's forward; telemetry samples steps 6 (and 3,
+    # which still calibrated when it began: no sample then).
+    assert [step for step, recomputed in runs[True][0] if recomputed] == [1, 2, 3, 6]
+    assert not any(recomputed for _, recomputed in runs[False][0])
+    seen_on, metrics_on, states_on, plan_on = runs[True]
+    _, metrics_off, states_off, plan_off = runs[False]
+    losses = [(r["kind"], r["step"], r["loss"]) for r in metrics_on if r["kind"] in ("train", "val")]
+    assert losses == [(r["kind"], r["step"], r["loss"]) for r in metrics_off if r["kind"] in ("train", "val")]
+    assert plan_on == plan_off
+    assert all(torch.equal(states_on[name], states_off[name]) for name in states_on)  # the same votes
