@@ -104,6 +104,7 @@ def test_fake_kernels_give_shapes_on_meta():
         "mxfp4",
         32,
         torch.bfloat16,
+        True,
     )
     assert out.shape == (8, 5) and out.dtype == torch.bfloat16
 

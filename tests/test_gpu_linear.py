@@ -42,11 +42,13 @@ def run_layer(layer: nn.Module, x: torch.Tensor, g: torch.Tensor, seed: int):
     return y.detach(), x.grad, layer.weight.grad
 
 
+@pytest.mark.parametrize("grad_fast_accum", [True, False], ids=["fast-accum", "fp32-accum-grads"])
 @pytest.mark.parametrize("plan", PLANS, ids=lambda p: "-".join(s.value for s in p.strategies().values()))
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 1e-2)])
-def test_kernels_match_reference_on_all_three_gemms(plan, dtype, tol):
+def test_kernels_match_reference_on_all_three_gemms(plan, dtype, tol, grad_fast_accum):
     torch.manual_seed(0)
-    layer = AdaHOPLinear(512, 384, bias=False, device="cuda", dtype=dtype, recipe={"name": "adahop_lv2", "oe_k": 16})
+    recipe = {"name": "adahop_lv2", "oe_k": 16, "grad_fast_accum": grad_fast_accum}
+    layer = AdaHOPLinear(512, 384, bias=False, device="cuda", dtype=dtype, recipe=recipe)
     layer.set_plan(plan)
     x = torch.randn(1024, 512, device="cuda", dtype=dtype)
     x[:, 3] *= 30.0

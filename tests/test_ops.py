@@ -40,7 +40,10 @@ def test_fold_op():
 def test_mx_matmul_op():
     a, b = quantize_mx(_x(8, 64).cpu(), "mxfp4"), quantize_mx(_x(16, 64).cpu(), "mxfp4")
     args = (a.data, a.scales, b.data, b.scales)
-    torch.library.opcheck(ops.mx_matmul_op, (*(t.to(DEVICE) for t in args), "mxfp4", 32, torch.bfloat16))
+    for fast_accum in (True, False):
+        torch.library.opcheck(
+            ops.mx_matmul_op, (*(t.to(DEVICE) for t in args), "mxfp4", 32, torch.bfloat16, fast_accum)
+        )
 
 
 def test_top_rows_op():

@@ -151,3 +151,36 @@ def test_new_fields_default_to_todays_numerics_and_round_trip():
     assert (r.backward_rounding, r.weight_blocks, r.scale_rule) == ("nearest", "1d", "floor")
     custom = Recipe.from_dict({"name": "mxfp4", "weight_blocks": "2d", "backward_rounding": "stochastic"})
     assert Recipe.from_dict(custom.to_dict()) == custom
+
+
+@pytest.mark.parametrize("grad_fast_accum", [True, False])
+def test_grad_fast_accum_reaches_the_dgrad_and_wgrad_gemms_only(grad_fast_accum, monkeypatch):
+    """The forward GEMM keeps cuBLAS's fast accumulation; dgrad and wgrad take the recipe's choice
+    (on CUDA's fold_fp8 route; the reference accumulates in float32 either way)."""
+    from adahop import ops
+
+    calls = []
+
+    def spy(original):
+        def call(*args, fast_accum=True, **kwargs):
+            calls.append(fast_accum)
+            return original(*args, fast_accum=fast_accum, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(ops, "mx_matmul", spy(ops.mx_matmul))
+    monkeypatch.setattr(ops, "folded_matmul", spy(ops.folded_matmul))
+    x, g = inputs()
+    layer = AdaHOPLinear(64, 80, bias=False, recipe={"name": "mxfp4_hadamard", "grad_fast_accum": grad_fast_accum})
+    reference = AdaHOPLinear(64, 80, bias=False, recipe="mxfp4_hadamard")
+    reference.load_state_dict(layer.state_dict())
+    got = run(layer, x, g, seed=3)
+    assert calls == [True, grad_fast_accum, grad_fast_accum]  # forward, then dgrad and wgrad
+    assert all(torch.equal(a, b) for a, b in zip(got, run(reference, x, g, seed=3), strict=True))
+
+
+def test_grad_fast_accum_is_a_boolean_knob():
+    assert Recipe().grad_fast_accum is True
+    assert Recipe.from_dict({"name": "adahop_lv1", "grad_fast_accum": False}).grad_fast_accum is False
+    with pytest.raises(ValueError, match="grad_fast_accum='no' is not true or false"):
+        Recipe(grad_fast_accum="no")

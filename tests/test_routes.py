@@ -63,20 +63,26 @@ def _operands():
 
 def test_cuda_implementation_runs_the_route_it_is_given(monkeypatch):
     """``adahop::mx_matmul``'s CUDA implementation (called here on CPU tensors) takes the reference or
-    hands the named route to the kernels, with no choice of its own."""
+    hands the named route, and the caller's accumulation, to the kernels, with no choice of its own."""
     from adahop.kernels import gemm
 
     a, b = _operands()
-    args = (a.data, a.scales, b.data, b.scales, "mxfp4", 32, torch.float32)
     ran = []
-    monkeypatch.setattr(gemm, "route_matmul", lambda a, b, out_dtype, route: ran.append(route) or torch.zeros(()))
+
+    def route_matmul(a, b, out_dtype, route, fast_accum):
+        ran.append((route, fast_accum))
+        return torch.zeros(())
+
+    monkeypatch.setattr(gemm, "route_matmul", route_matmul)
     want = a.dequantize() @ b.dequantize().T
-    assert torch.equal(ops._mx_matmul_cuda(*args), want)  # CPU tensors: the reference
+    args = (a.data, a.scales, b.data, b.scales, "mxfp4", 32, torch.float32)
+    assert torch.equal(ops._mx_matmul_cuda(*args, True), want)  # CPU tensors: the reference
     assert ran == []
     for route in KERNEL_ROUTES:
         monkeypatch.setattr(ops, "route_of", lambda *_, route=route: route)
-        ops._mx_matmul_cuda(*args)
-    assert ran == list(KERNEL_ROUTES)
+        for fast_accum in (True, False):
+            ops._mx_matmul_cuda(*args, fast_accum)
+    assert ran == [(route, fast_accum) for route in KERNEL_ROUTES for fast_accum in (True, False)]
 
 
 def test_folded_operands_take_fold_fp8_or_the_reference_and_nothing_else(monkeypatch):

@@ -341,24 +341,27 @@ def mx_matmul_op(
     fmt: str,
     block_size: int,
     out_dtype: torch.dtype,
+    fast_accum: bool,
 ) -> torch.Tensor:
-    """``A @ B.T`` of two MX operands stored block-axis-last ([M, K'] and [N, K']), float32 math."""
+    """``A @ B.T`` of two MX operands stored block-axis-last ([M, K'] and [N, K']), float32 math.
+    ``fast_accum``: the fold_fp8 route's cuBLAS accumulation (``kernels.gemm.route_matmul``);
+    the reference always accumulates in float32."""
     return _matmul_reference(a_data, a_scales, b_data, b_scales, fmt, block_size, out_dtype)
 
 
 @mx_matmul_op.register_kernel("cuda")
-def _mx_matmul_cuda(a_data, a_scales, b_data, b_scales, fmt, block_size, out_dtype):
+def _mx_matmul_cuda(a_data, a_scales, b_data, b_scales, fmt, block_size, out_dtype, fast_accum):
     route = route_of(a_data.device, b_data.shape[0], fmt, block_size)
     if route == GemmRoute.REFERENCE:
         return _matmul_reference(a_data, a_scales, b_data, b_scales, fmt, block_size, out_dtype)
     from .kernels.gemm import route_matmul
 
     a, b = _mx(a_data, a_scales, fmt, block_size), _mx(b_data, b_scales, fmt, block_size)
-    return route_matmul(a, b, out_dtype=out_dtype, route=route)
+    return route_matmul(a, b, out_dtype=out_dtype, route=route, fast_accum=fast_accum)
 
 
 @mx_matmul_op.register_kernel("cpu")
-def _mx_matmul_cpu(a_data, a_scales, b_data, b_scales, fmt, block_size, out_dtype):
+def _mx_matmul_cpu(a_data, a_scales, b_data, b_scales, fmt, block_size, out_dtype, fast_accum):
     """``_matmul_reference`` with the faster, bit-identical dequantization of ``formats.fast``."""
     a = dequantize_blocked_fast(_mx(a_data, a_scales, fmt, block_size))
     b = dequantize_blocked_fast(_mx(b_data, b_scales, fmt, block_size))
@@ -366,15 +369,15 @@ def _mx_matmul_cpu(a_data, a_scales, b_data, b_scales, fmt, block_size, out_dtyp
 
 
 @mx_matmul_op.register_fake
-def _(a_data, a_scales, b_data, b_scales, fmt, block_size, out_dtype):
+def _(a_data, a_scales, b_data, b_scales, fmt, block_size, out_dtype, fast_accum):
     return a_data.new_empty((a_data.shape[0], b_data.shape[0]), dtype=out_dtype)
 
 
-def mx_matmul(a: MXTensor, b: MXTensor, out_dtype: torch.dtype) -> torch.Tensor:
+def mx_matmul(a: MXTensor, b: MXTensor, out_dtype: torch.dtype, *, fast_accum: bool = True) -> torch.Tensor:
     """``A @ B.T`` for operands blocked along their last dim (K), through ``mx_matmul_op``."""
     if a.fmt != b.fmt or a.block_size != b.block_size or a.scales.shape[1] != b.scales.shape[1]:
         raise ValueError(f"incompatible MX operands: {a} and {b}")
-    args = (a.data, a.scales, b.data, b.scales, a.fmt, a.block_size, out_dtype)
+    args = (a.data, a.scales, b.data, b.scales, a.fmt, a.block_size, out_dtype, fast_accum)
     return _mx_matmul_cuda(*args) if _eager_cuda(a.data) else mx_matmul_op(*args)
 
 
@@ -421,9 +424,11 @@ def fold_fp8(mx: MXTensor) -> FoldedFP8:
     return FoldedFP8(data.view(torch.float8_e4m3fn), row_scale, lossy)
 
 
-def folded_matmul(a: FoldedFP8 | MXTensor, b: FoldedFP8 | MXTensor, out_dtype: torch.dtype) -> torch.Tensor:
+def folded_matmul(
+    a: FoldedFP8 | MXTensor, b: FoldedFP8 | MXTensor, out_dtype: torch.dtype, *, fast_accum: bool = True
+) -> torch.Tensor:
     """``A @ B.T`` where at least one side is already folded; an MX side is folded first. The
-    fold_fp8 route runs cuBLAS's row-wise scaled FP8 GEMM (fast accumulation, as ``mx_matmul``'s);
+    fold_fp8 route runs cuBLAS's row-wise scaled FP8 GEMM (``fast_accum`` as in ``mx_matmul``);
     the reference route the same products in float32. Folded operands take no other route."""
     route = route_of(a.data.device, b.shape[0])
     if route not in (GemmRoute.FOLD_FP8, GemmRoute.REFERENCE):
@@ -437,5 +442,5 @@ def folded_matmul(a: FoldedFP8 | MXTensor, b: FoldedFP8 | MXTensor, out_dtype: t
     if route == GemmRoute.FOLD_FP8:
         from .kernels.gemm import fold_fp8_matmul
 
-        return fold_fp8_matmul(a, b, out_dtype)
+        return fold_fp8_matmul(a, b, out_dtype, fast_accum)
     return (a.dequantize() @ b.dequantize().T).to(out_dtype)

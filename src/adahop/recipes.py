@@ -62,6 +62,9 @@ class Recipe:
     backward_rounding: str = "nearest"  # the copies of X and W quantized for wgrad (Xᵀ) and dgrad (Wᵀ)
     grad_rounding: str = "stochastic"  # output gradients dY
     weight_blocks: str = "1d"  # "2d": W in block_size x block_size tiles, shared by forward and dgrad
+    # The dgrad and wgrad FP8 GEMMs (CUDA's fold_fp8 route) accumulate in the tensor core's reduced
+    # precision; False promotes to FP32 as TransformerEngine and torchao do for gradient GEMMs.
+    grad_fast_accum: bool = True
     hadamard_block_size: int = DEFAULT_SPEC.hadamard_block_size  # of the strategies that rotate (IHT, OE)
     hadamard_signs: bool = False  # seeded random-sign Hadamard variant
     hadamard_seed: int = 0
@@ -95,6 +98,8 @@ class Recipe:
         check(self.backward_rounding, ROUNDING_MODES, "backward_rounding")
         check(self.grad_rounding, ROUNDING_MODES, "grad_rounding")
         check(self.weight_blocks, WEIGHT_BLOCKS, "weight_blocks")
+        if not isinstance(self.grad_fast_accum, bool):
+            raise ValueError(f"recipe {self.name!r}: grad_fast_accum={self.grad_fast_accum!r} is not true or false")
         if self.weight_blocks == "2d" and self.strategy != Strategy.MXFP4.value:
             raise ValueError(
                 f"recipe {self.name!r}: weight_blocks='2d' needs strategy='mxfp4', got {self.strategy!r}: "

@@ -17,20 +17,24 @@ from .operand import GemmOperand
 
 
 def _main_product(
-    lq: MXTensor | FoldedFP8 | torch.Tensor, rq: MXTensor | FoldedFP8 | torch.Tensor, out_dtype: torch.dtype
+    lq: MXTensor | FoldedFP8 | torch.Tensor,
+    rq: MXTensor | FoldedFP8 | torch.Tensor,
+    out_dtype: torch.dtype,
+    fast_accum: bool,
 ) -> torch.Tensor:
     if isinstance(lq, FoldedFP8) or isinstance(rq, FoldedFP8):
-        return ops.folded_matmul(lq, rq, out_dtype)
+        return ops.folded_matmul(lq, rq, out_dtype, fast_accum=fast_accum)
     if isinstance(lq, MXTensor):
-        return ops.mx_matmul(lq, rq, out_dtype)
+        return ops.mx_matmul(lq, rq, out_dtype, fast_accum=fast_accum)
     return (lq.float() @ rq.float().T).to(out_dtype)  # transform-only ablation (fmt=None)
 
 
-def tn_matmul(l: GemmOperand, r: GemmOperand, out_dtype: torch.dtype) -> torch.Tensor:
-    """Combine the paths of a strategy into ``C = L @ R.T`` ([M, N], ``out_dtype``)."""
+def tn_matmul(l: GemmOperand, r: GemmOperand, out_dtype: torch.dtype, *, fast_accum: bool = True) -> torch.Tensor:
+    """Combine the paths of a strategy into ``C = L @ R.T`` ([M, N], ``out_dtype``). ``fast_accum``:
+    cuBLAS's reduced-precision accumulation in the FP8 GEMM of the fold_fp8 route (``ops``)."""
     if l.quantized is None or r.quantized is None:  # the BF16 strategy
         return (l.dense @ r.dense.T).to(out_dtype)
-    out = _main_product(l.quantized, r.quantized, out_dtype)
+    out = _main_product(l.quantized, r.quantized, out_dtype, fast_accum)
     if l.rows is not None:  # OE-left: outlier rows of C from the high-precision path
         out[l.rows] = (l.extracted @ r.dense.T).to(out_dtype)
     if r.rows is not None:  # OE-right: outlier columns of C

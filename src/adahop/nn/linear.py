@@ -71,6 +71,7 @@ class GemmConfig:
     xt_seed: torch.Tensor | int  # their Philox keys (0 when they round to nearest)
     wt_seed: torch.Tensor | int
     weight_tiles: bool  # recipe.weight_blocks == "2d"
+    grad_fast_accum: bool  # recipe.grad_fast_accum: the dgrad and wgrad FP8 GEMMs' accumulation
 
 
 class _AdaHOPLinearFn(torch.autograd.Function):
@@ -113,10 +114,10 @@ class _AdaHOPLinearFn(torch.autograd.Function):
             l = prepare_operand(
                 grad_out, plan.dgrad, "L", cfg.grad, oe_k=cfg.oe_k, seed=cfg.dgrad_seed, fold=ctx.dgrad_fold
             )
-            grad_x = tn_matmul(l, dgrad_r, x_dtype)
+            grad_x = tn_matmul(l, dgrad_r, x_dtype, fast_accum=cfg.grad_fast_accum)
         if ctx.needs_input_grad[1]:
             l = prepare_operand(grad_out.t(), plan.wgrad, "L", cfg.grad, oe_k=cfg.oe_k, seed=cfg.wgrad_seed)
-            grad_w = tn_matmul(l, wgrad_r, w_dtype)
+            grad_w = tn_matmul(l, wgrad_r, w_dtype, fast_accum=cfg.grad_fast_accum)
         return grad_x, grad_w, None
 
 
@@ -240,6 +241,7 @@ class AdaHOPLinear(nn.Linear):
             xt_seed=xt_seed,
             wt_seed=wt_seed,
             weight_tiles=self.recipe.weight_blocks == "2d",
+            grad_fast_accum=self.recipe.grad_fast_accum,
         )
 
     def _check_input(self, x: torch.Tensor) -> None:
