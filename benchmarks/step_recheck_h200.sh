@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Issue 11's re-check on one H200 in one GPU call (about 450 s): the GPU tests of the paths changed since
+# the last measurement, then `adahop bench --only step` at llama3_1b 8x2048 with BF16, adahop_lv2 and the
+# two recipes that quantize every saved operand (uniform IHT, adahop_lv1): speed, the timed steps' memory
+# and the whole run's (`run_peak_memory_ratio_vs_bf16`, which calibration set before it recomputed its
+# activations). Everything lands in $OUT/step_recheck.tgz plus $OUT/step_recheck.log (the device tool
+# returns at most 8 files).
+#
+# Run from the repository root on the GPU machine, carrying .whl (torchao for the float8 peer, see
+# benchmarks/torchtitan_h200.sh):   bash benchmarks/step_recheck_h200.sh
+# Overrides: TESTS (the pytest files), RUNS (the bench's --step-runs), CASES (--step-cases).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/step_recheck_out}
+WORK=/tmp/step_recheck
+TESTS=${TESTS:-"tests/test_recompute.py tests/test_gpu_step.py tests/test_gpu_linear.py tests/test_ops.py"}
+CASES=${CASES:-llama3_1b_8x2048}
+RUNS=${RUNS:-bf16/compile,adahop_lv2/compile+graph,mxfp4_hadamard/compile+graph,adahop_lv1/compile+graph}
+mkdir -p "$OUT" "$WORK"
+exec > >(tee -a "$OUT/step_recheck.log") 2>&1
+T0=$(date +%s)
+say() { echo "== $(date -u +%T) (+$(( $(date +%s) - T0 ))s) $*"; }
+export ADAHOP_COMMIT=${ADAHOP_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+say "commit $ADAHOP_COMMIT"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+
+if ls .whl/*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+else
+  echo "no .whl/: the bench runs without the torchao peer"
+fi
+export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+
+say "GPU tests: $TESTS"
+# shellcheck disable=SC2086  # TESTS is a list of paths
+timeout 170 bash benchmarks/run_gpu_tests.sh "$WORK/gpu-tests.txt" $TESTS
+tail -3 "$WORK/gpu-tests.txt"
+
+say "bench: $CASES, $RUNS"
+timeout 380 python3 -m adahop.cli bench --only step --step-cases "$CASES" --step-runs "$RUNS" \
+  --out "$WORK/bench" > "$WORK/bench.log" 2>&1
+echo "bench exit status $?"
+grep "tok/s" "$WORK/bench.log" | cut -c1-220
+cat "$WORK/bench.md" 2>/dev/null | grep "^| llama3" || true
+
+say "pack"
+tar czf "$OUT/step_recheck.tgz" -C /tmp step_recheck
+say "done"
