@@ -28,6 +28,13 @@
 #   ANALYZE [1]    `adahop analyze --no-heatmaps --sequences 2` of every finished run after its eval (CPU:
 #                  37 s for the 125m on 2 cores; stopped 50 s before LIMIT): runs/NAME/analysis/report.{md,json},
 #                  overview.png
+#   PROBE [""]     run names (e.g. "adahop_lv1-s2") whose last checkpoint gets a gradient-error probe after the
+#                  evals (benchmarks/quality_cpu/gradient_error.py: each weight's gradient under every PROBE_VARIANTS
+#                  recipe against the float64 unquantized one, same weights, batches and rounding keys; adaptive
+#                  variants take their plans from the run's frozen patterns): runs/NAME/gradient_error.json and
+#                  logs/NAME.gradient.log. PROBE_BATCHES [4]. PROBE_VARIANTS: the VARIANTS syntax, each entry
+#                  naming its --recipe; default: bf16, mxfp4, iht, lv1, lv2, and lv1 with each role in BF16
+#                  (fwd, dgrad, wgrad), with FP32 accumulation for the gradient GEMMs (acc), with rceil scales
 #   LIMIT [590]    seconds from the start by which everything must be done (the call has 600)
 #   RESERVE [60]   seconds kept after training for eval, copying and the summary: runs that have
 #                  not finished by LIMIT - RESERVE are stopped and reported (incomplete/)
@@ -56,6 +63,9 @@ VARIANTS=${VARIANTS:-}
 EXTRA=${EXTRA:-}
 COMPILE=${COMPILE:-0}
 ANALYZE=${ANALYZE:-1}
+PROBE=${PROBE:-}
+PROBE_BATCHES=${PROBE_BATCHES:-4}
+PROBE_VARIANTS=${PROBE_VARIANTS:-"bf16:--recipe=bf16;mxfp4:--recipe=mxfp4;iht:--recipe=mxfp4_hadamard;lv1:--recipe=adahop_lv1;lv2:--recipe=adahop_lv2;fwd:--recipe=adahop_lv1 --recipe.bf16_gemms=forward;dgrad:--recipe=adahop_lv1 --recipe.bf16_gemms=dgrad;wgrad:--recipe=adahop_lv1 --recipe.bf16_gemms=wgrad;acc:--recipe=adahop_lv1 --recipe.grad_fast_accum=false;rceil:--recipe=adahop_lv1 --recipe.scale_rule=rceil"}
 BUNDLE=${BUNDLE:-1}
 CONFIG=${CONFIG:-configs/quality_125m.toml}
 TRAIN_DATA=${TRAIN_DATA:-.data/english-train.jsonl.gz}
@@ -262,10 +272,23 @@ if [ "$ANALYZE" = 1 ]; then
   [ ${#PIDS[@]} -gt 0 ] && wait "${PIDS[@]}"
 fi
 
+# ---- 3c. gradient error of the PROBE runs at their last step, under each PROBE_VARIANTS recipe ------
+for name in $PROBE; do
+  left=$((T0 + LIMIT - 50 - $(date +%s)))
+  if [ ! -d "$WORK/runs/$name/checkpoints" ] || [ "$left" -lt 30 ]; then
+    say "$name: no gradient probe (no checkpoint, or ${left}s left)"; continue
+  fi
+  say "$name: gradient probe, $PROBE_BATCHES batches, variants [$PROBE_VARIANTS]"
+  timeout -k 5 "$left" python3 benchmarks/quality_cpu/gradient_error.py "$WORK/runs/$name" --device "$DEVICE" \
+    --batches "$PROBE_BATCHES" --variants "$PROBE_VARIANTS" --out "$WORK/runs/$name/gradient_error.json" \
+    > "$OUT/logs/$name.gradient.log" 2>&1 || say "$name: gradient probe FAILED (exit $?; logs/$name.gradient.log)"
+  sed -n '/^parameter kind/,$p' "$OUT/logs/$name.gradient.log"
+done
+
 # ---- 4. light files back to $OUT, summary ---------------------------------------------------------
 copy_run() {  # $1 name, $2 destination folder
   mkdir -p "$2/$1"
-  for f in config.toml metrics.jsonl plan.json loss.png eval.json analysis tb; do
+  for f in config.toml metrics.jsonl plan.json loss.png eval.json gradient_error.json analysis tb; do
     [ -e "$WORK/runs/$1/$f" ] && cp -r "$WORK/runs/$1/$f" "$2/$1/"
   done
   local s e; s=$(cat "$WORK/runs/$1.start" 2>/dev/null); e=$(cat "$WORK/runs/$1.end" 2>/dev/null)
