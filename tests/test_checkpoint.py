@@ -189,3 +189,11 @@ def test_checkpoint_that_does_not_fit_the_model_is_named(straight_run, small_ove
     path = latest_checkpoint(straight_run.run_dir)
     with pytest.raises(CheckpointError, match=f"{path}: its model state does not fit this run"):
         load_checkpoint(path, build_model_from_config(cfg))
+
+
+def test_config_changes_name_changed_values_and_not_fields_the_checkpoint_predates():
+    from adahop.train.checkpoint import config_changes
+
+    saved = {"training": {"steps": 100, "seed": 0}, "out": "a"}
+    current = {"training": {"steps": 200, "seed": 0, "recompute_pattern_steps": True}, "out": "b"}
+    assert config_changes(saved, current) == ["training.steps 100 -> 200"]

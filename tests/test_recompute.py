@@ -125,3 +125,59 @@ def test_trainer_recomputes_exactly_the_voting_steps_and_trains_the_same(small_o
     assert losses == [(r["kind"], r["step"], r["loss"]) for r in metrics_off if r["kind"] in ("train", "val")]
     assert plan_on == plan_off
     assert all(torch.equal(states_on[name], states_off[name]) for name in states_on)  # the same votes
+
+
+def test_a_kept_graph_recomputes_again_on_a_second_backward():
+    torch.manual_seed(0)
+    model = build_model("tiny", vocab_size=256, n_layers=2, dim=64).train()
+    model.recompute_in = paused_votes
+    tokens = torch.randint(0, 256, (2, 17))
+    _, loss = model(tokens[:, :-1], tokens[:, 1:])
+    loss.backward(retain_graph=True)
+    first = [p.grad.clone() for p in model.parameters()]
+    loss.backward()  # the same paused_votes context is entered a second time
+    assert all(torch.equal(p.grad, 2 * g) for p, g in zip(model.parameters(), first, strict=True))
+    assert not votes_paused()
+
+
+def test_the_recompute_does_not_call_the_block_module_again():
+    """The checkpoint sits inside each block, so module hooks (FSDP2's all-gather and input cast;
+    torch <= 2.12 does not cast again in a recompute) run once per forward, not again in backward."""
+    model = build_model("tiny", vocab_size=256, n_layers=2, dim=64).train()
+    model.recompute_in = paused_votes
+    calls = []
+    for block in model.layers:
+        block.register_forward_pre_hook(lambda module, args: calls.append(module))
+    tokens = torch.randint(0, 256, (2, 17))
+    _, loss = model(tokens[:, :-1], tokens[:, 1:])
+    loss.backward()
+    assert calls == list(model.layers)
+
+
+def test_recompute_runs_inside_fsdp2_units_with_the_cast_inputs(tmp_path):
+    """Checkpointing inside each block keeps FSDP2's hooks outside the checkpoint: with BF16
+    parameters (the trainer's CUDA policy) the recompute sees the inputs the unit cast."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        model = convert_model(build_model("tiny", vocab_size=256, n_layers=2, dim=64), recipe="adahop_lv2")
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for block in model.layers:
+            fully_shard(block, mp_policy=policy)
+        fully_shard(model, mp_policy=policy)
+        model.train()
+        tokens = torch.randint(0, 256, (2, 33))
+        losses = []
+        for recompute in (None, paused_votes):
+            model.recompute_in = recompute
+            model.zero_grad()
+            _, loss = model(tokens[:, :-1], tokens[:, 1:])
+            loss.backward()
+            losses.append(loss.item())
+        assert losses[0] == losses[1]
+        assert all(layer.votes.count("g") == 2 for layer in model.modules() if isinstance(layer, AdaHOPLinear))
+    finally:
+        dist.destroy_process_group()

@@ -6,12 +6,13 @@ model state, batches and rounding keys (issue 12: which GEMM, knob and layers ca
 
 RUN_DIR is a run with a frozen adaptive plan (its latest checkpoint): its weights are the state,
 its layers' frozen patterns give every adaptive variant's plan through that variant's table. A
-variant is a recipe (``--recipe=NAME``) and recipe fields on top of the run's, in the VARIANTS
-syntax of ``benchmarks/quality_h200.sh``; the default set is BF16 autocast, the run's lv1 and lv2
-plans and uniform IHT. Quantized variants run under BF16 autocast (the GPU's operands; on CUDA the
+variant is the run's config with overrides in the VARIANTS syntax of ``benchmarks/quality_h200.sh``:
+``--recipe=NAME`` starts from that registered recipe (the run's own recipe fields are dropped),
+``--recipe.FIELD=VALUE`` changes one field; the default set is BF16 autocast, lv1, lv2 and uniform IHT. Quantized variants run under BF16 autocast (the GPU's operands; on CUDA the
 Triton kernels and the fold_fp8 GEMM route); the reference is every linear in BF16 strategy, in
 float64, without autocast. Prints each parameter's relative error (mean over batches), the error by
-parameter kind (wq ... w3, the norms) and of the whole model; ``--out`` writes the same as JSON.
+parameter kind (wq ... w3, the norms) and of the whole model; ``--out`` writes the same as JSON,
+rewritten after each variant. Only the reference gradients are kept (one float64 copy per batch).
 """
 
 from __future__ import annotations
@@ -19,11 +20,14 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
+from adahop.atomic import write_atomic
 from adahop.nn import adahop_layers
 from adahop.policy.strategies import LayerPlan, plan_for_patterns
 from adahop.train.builders import build_data, build_model_from_config, load_run
@@ -63,27 +67,30 @@ def variant_model(run_model: torch.nn.Module, cfg: TrainConfig, overrides: list,
     return model.train()
 
 
-def gradients(model: torch.nn.Module, batches: list, *, autocast: bool, device: str) -> list[dict[str, torch.Tensor]]:
-    """float64 copies of every parameter's gradient, one dict per batch; rounding keys seeded per batch."""
-    out = []
+def gradients(model: torch.nn.Module, batches: list, *, autocast: bool, device: str) -> Iterator[dict]:
+    """float64 copies of every parameter's gradient, one dict per batch (made as it is consumed);
+    rounding keys seeded per batch."""
     for i, (inputs, targets) in enumerate(batches):
         model.zero_grad()
         torch.manual_seed(1000 + i)
         with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=autocast):
             _, loss = model(inputs.to(device), targets.to(device))
         loss.backward()
-        out.append({n: p.grad.double() for n, p in model.named_parameters()})
-    return out
+        yield {n: p.grad.double() for n, p in model.named_parameters()}
 
 
-def relative(a: dict[str, torch.Tensor], ref: dict[str, torch.Tensor], names: list[str]) -> float:
-    return float(
-        sum((a[n] - ref[n]).square().sum() for n in names).sqrt() / sum(ref[n].square().sum() for n in names).sqrt()
-    )
+def squared_errors(grads: Iterator[dict], ref: list[dict]) -> list[dict[str, float]]:
+    """Per batch, each parameter's squared error norm against the reference."""
+    return [{n: float((g[n] - r[n]).square().sum()) for n in r} for g, r in zip(grads, ref, strict=True)]
 
 
-def mean_error(grads: list, ref: list, names: list[str]) -> float:
-    return sum(relative(g, r, names) for g, r in zip(grads, ref, strict=True)) / len(ref)
+def mean_error(errors: list[dict[str, float]], ref_norms: list[dict[str, float]], names: list[str]) -> float:
+    """Relative error of the parameters ``names`` taken together, averaged over batches."""
+    per_batch = []
+    for e, r in zip(errors, ref_norms, strict=True):
+        norm = sum(r[n] for n in names)
+        per_batch.append(math.sqrt(sum(e[n] for n in names) / norm) if norm else math.nan)  # nan: no gradient
+    return sum(per_batch) / len(per_batch)
 
 
 def main() -> None:
@@ -102,43 +109,42 @@ def main() -> None:
     batches = [next(loader) for _ in range(args.batches)]
 
     reference = variant_model(run_model, cfg, [("recipe", "bf16")], args.device).double()
-    ref = gradients(reference, batches, autocast=False, device=args.device)
+    ref = list(gradients(reference, batches, autocast=False, device=args.device))
     del reference
-    runs = {}
+    ref_norms = [{n: float(g.square().sum()) for n, g in r.items()} for r in ref]
+    names = list(ref[0])
+    kinds = sorted({n.split(".")[-2] for n in names if n.endswith(".weight") and ".layers." in f".{n}"})
+    per_parameter, by_kind, whole = {}, {}, {}
     for tag, overrides in variants.items():
         model = variant_model(run_model, cfg, overrides, args.device)
-        runs[tag] = gradients(model, batches, autocast=True, device=args.device)
+        errors = squared_errors(gradients(model, batches, autocast=True, device=args.device), ref)
         del model
-
-    names = list(ref[0])
-    per_parameter = {tag: {n: mean_error(gs, ref, [n]) for n in names} for tag, gs in runs.items()}
-    kinds = sorted({n.split(".")[-2] for n in names if n.endswith(".weight") and ".layers." in f".{n}"})
-    by_kind = {
-        tag: {k: mean_error(gs, ref, [n for n in names if n.endswith(f".{k}.weight")]) for k in kinds}
-        for tag, gs in runs.items()
-    }
-    whole = {tag: mean_error(gs, ref, names) for tag, gs in runs.items()}
+        per_parameter[tag] = {n: mean_error(errors, ref_norms, [n]) for n in names}
+        by_kind[tag] = {
+            k: mean_error(errors, ref_norms, [n for n in names if n.endswith(f".{k}.weight")]) for k in kinds
+        }
+        whole[tag] = mean_error(errors, ref_norms, names)
+        if args.out:  # after each variant: a probe cut short keeps what it measured
+            report = {
+                "run": str(args.run),
+                "step": state.get("step"),
+                "batches": args.batches,
+                "device": args.device,
+                "variants": {t: [f"--{k}={v}" for k, v in o] for t, o in variants.items() if t in whole},
+                "whole_model": whole,
+                "by_kind": by_kind,
+                "per_parameter": per_parameter,
+            }
+            write_atomic(args.out, json.dumps(report, indent=1) + "\n")
 
     print(f"{args.run} (step {state.get('step')}), {args.batches} batches on {args.device}; variants: {variants}")
-    print(f"{'parameter':34s}" + "".join(f"{tag:>12s}" for tag in runs))
+    print(f"{'parameter':34s}" + "".join(f"{tag:>12s}" for tag in whole))
     for n in names:
-        print(f"{n:34s}" + "".join(f"{per_parameter[tag][n]:12.4f}" for tag in runs))
-    print(f"\n{'parameter kind':34s}" + "".join(f"{tag:>12s}" for tag in runs))
+        print(f"{n:34s}" + "".join(f"{per_parameter[tag][n]:12.4f}" for tag in whole))
+    print(f"\n{'parameter kind':34s}" + "".join(f"{tag:>12s}" for tag in whole))
     for k in kinds:
-        print(f"{k:34s}" + "".join(f"{by_kind[tag][k]:12.4f}" for tag in runs))
-    print(f"{'whole model':34s}" + "".join(f"{whole[tag]:12.4f}" for tag in runs))
-    if args.out:
-        report = {
-            "run": str(args.run),
-            "step": state.get("step"),
-            "batches": args.batches,
-            "device": args.device,
-            "variants": {tag: [f"--{k}={v}" for k, v in o] for tag, o in variants.items()},
-            "whole_model": whole,
-            "by_kind": by_kind,
-            "per_parameter": per_parameter,
-        }
-        args.out.write_text(json.dumps(report, indent=1) + "\n")
+        print(f"{k:34s}" + "".join(f"{by_kind[tag][k]:12.4f}" for tag in whole))
+    print(f"{'whole model':34s}" + "".join(f"{whole[tag]:12.4f}" for tag in whole))
 
 
 if __name__ == "__main__":

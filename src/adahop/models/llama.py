@@ -192,10 +192,21 @@ class TransformerBlock(nn.Module):
         self.attention = Attention(args)
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
         self.feed_forward = FeedForward(args.dim, args.hidden_dim)
+        self.recompute_in: Callable[[], AbstractContextManager] | None = None  # see Transformer.recompute_in
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if self.recompute_in is None or not torch.is_grad_enabled():
+            return self._layers(x, cos, sin)
+        # Checkpointed inside the block, so that when the block is an FSDP2 unit its hooks (parameter
+        # all-gather, input cast) run around the checkpoint and the recompute sees the forward's inputs.
+        return checkpoint(self._layers, x, cos, sin, use_reentrant=False, context_fn=self._recompute_contexts)
+
+    def _layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x), cos, sin)
         return x + self.feed_forward(self.ffn_norm(x))
+
+    def _recompute_contexts(self) -> tuple[AbstractContextManager, AbstractContextManager]:
+        return contextlib.nullcontext(), self.recompute_in()
 
 
 class Transformer(nn.Module):
@@ -212,10 +223,6 @@ class Transformer(nn.Module):
         table_shape = (args.max_seq_len, args.head_dim // 2)
         self.register_buffer("rope_cos", torch.empty(table_shape), persistent=False)
         self.register_buffer("rope_sin", torch.empty(table_shape), persistent=False)
-        # Activation checkpointing: None keeps each block's activations for backward; a context
-        # factory (``contextlib.nullcontext`` for plain recomputation) keeps only the blocks'
-        # inputs and recomputes the rest in backward, inside that context.
-        self.recompute_in: Callable[[], AbstractContextManager] | None = None
         self.init_weights()
 
     @torch.no_grad()
@@ -253,18 +260,26 @@ class Transformer(nn.Module):
         cos, sin = self.rope_cos[:seq_len], self.rope_sin[:seq_len]
         h = self.tok_embeddings(tokens)
         for layer in self.layers:
-            if self.recompute_in is not None and torch.is_grad_enabled():
-                h = checkpoint(layer, h, cos, sin, use_reentrant=False, context_fn=self._recompute_contexts)
-            else:
-                h = layer(h, cos, sin)
+            h = layer(h, cos, sin)
         logits = self.output(self.norm(h))
         if targets is None:
             return logits
         loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX)
         return logits, loss
 
-    def _recompute_contexts(self) -> tuple[AbstractContextManager, AbstractContextManager]:
-        return contextlib.nullcontext(), self.recompute_in()
+    @property
+    def recompute_in(self) -> Callable[[], AbstractContextManager] | None:
+        """Activation checkpointing of every block: None keeps each block's activations for
+        backward; a context factory keeps only the blocks' inputs and recomputes the rest in
+        backward inside a context it makes. While an adaptive model calibrates, that context must
+        pause pattern votes (``policy.calibration.paused_votes``, as the trainer sets it): a plain
+        recompute would vote twice and could freeze a layer mid-step."""
+        return self.layers[0].recompute_in if len(self.layers) else None
+
+    @recompute_in.setter
+    def recompute_in(self, context: Callable[[], AbstractContextManager] | None) -> None:
+        for block in self.layers:
+            block.recompute_in = context
 
 
 def get_model_args(name: str) -> ModelArgs:

@@ -12,7 +12,6 @@ new training step: inside :func:`paused_votes` no recorder votes and no layer fr
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from collections import Counter
@@ -27,17 +26,19 @@ from .patterns import DEFAULT_THRESHOLD, PATTERNS, Pattern, check_pattern, detec
 from .strategies import DEFAULT_TABLE, GEMMS, ROLES, LayerPlan, StrategyTable, plan_for_patterns
 
 PLAN_VERSION = 1
-_pauses = 0  # how many paused_votes blocks are open (a recompute runs in autograd's thread)
+_pauses = 0  # open paused_votes blocks, process-wide: the main thread waits in backward() meanwhile
 
 
-@contextlib.contextmanager
-def paused_votes() -> Iterator[None]:
-    """Forwards run inside this block record no pattern votes and freeze no plan."""
-    global _pauses
-    _pauses += 1
-    try:
-        yield
-    finally:
+class paused_votes:
+    """Forwards run inside this block record no pattern votes and freeze no plan. One instance may
+    be entered again after it exits (a graph kept with ``retain_graph`` recomputes once per backward)."""
+
+    def __enter__(self) -> None:
+        global _pauses
+        _pauses += 1
+
+    def __exit__(self, *exc: object) -> None:
+        global _pauses
         _pauses -= 1
 
 

@@ -209,13 +209,13 @@ def check_matches(path: Path, saved: dict[str, Any], current: dict[str, Any]) ->
 
 def config_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """``"key old -> new"`` for each config value that differs from the checkpoint's (``out``
-    aside: a run directory may move)."""
+    aside: a run directory may move; a field the checkpoint predates is not a change)."""
     return [
-        f"{section}.{key} {saved[section].get(key)!r} -> {value!r}"
+        f"{section}.{key} {saved[section][key]!r} -> {value!r}"
         for section, fields in current.items()
         if isinstance(fields, dict)
         for key, value in fields.items()
-        if saved.get(section, {}).get(key) != value
+        if key in saved.get(section, {}) and saved[section][key] != value
     ]
 
 

@@ -98,7 +98,8 @@ class TrainingConfig:
     pattern_telemetry_every: int = 500
     # Steps that vote patterns (calibration, pattern telemetry) run uncompiled, at BF16 width during
     # calibration: recompute each block's activations in backward on those steps (activation
-    # checkpointing, votes paused) so they need no more memory than a frozen step.
+    # checkpointing, votes paused), so calibration needs no more memory than a frozen step and a
+    # telemetry step little more (after a CUDA-graph capture it allocates beside the graph's pool).
     recompute_pattern_steps: bool = True
 
 

@@ -6,8 +6,8 @@ high precision) and then freezes its plan. The trainer only notices the freeze, 
 table and saves ``plan.json``. After it, every ``training.pattern_telemetry_every`` steps, it
 samples the patterns again and logs how far they drifted from the plan (``telemetry``). Those
 voting steps run uncompiled, calibration's at BF16 width: with ``training.recompute_pattern_steps``
-each block recomputes its activations in backward there (votes paused), so they need no more
-memory than a frozen step.
+each block recomputes its activations in backward there (votes paused), so they keep only the
+blocks' inputs.
 
 The step itself reads no value back from the device (calibrating layers and pattern telemetry
 do, on their steps): a non-finite loss or gradient norm is refused there (that update and every
@@ -364,10 +364,13 @@ class Trainer:
         sampled = self._telemetry_layers()
         votes = self.phase == "calibrating" or bool(sampled)
         self.model.recompute_in = paused_votes if votes and self.cfg.training.recompute_pattern_steps else None
-        with sample_patterns(sampled) as sampled_votes:
-            for i in range(accum):
-                inputs, targets = (t.to(self.device, non_blocking=True) for t in next(self.data.train))
-                loss_sum += self._micro_step(inputs, targets, first=i == 0, eager=bool(sampled))
+        try:
+            with sample_patterns(sampled) as sampled_votes:
+                for i in range(accum):
+                    inputs, targets = (t.to(self.device, non_blocking=True) for t in next(self.data.train))
+                    loss_sum += self._micro_step(inputs, targets, first=i == 0, eager=bool(sampled))
+        finally:
+            self.model.recompute_in = None  # the model leaves the step as it came
         if sampled:
             if self.env.distributed:
                 merge_over_ranks(sampled_votes, self.device)
