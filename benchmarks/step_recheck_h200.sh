@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Issue 11's re-check on one H200 in one GPU call (about 450 s): the GPU tests of the paths changed since
-# the last measurement, then `adahop bench --only step` at llama3_1b 8x2048 with BF16, adahop_lv2 and the
-# two recipes that quantize every saved operand (uniform IHT, adahop_lv1): speed, the timed steps' memory
-# and the whole run's (`run_peak_memory_ratio_vs_bf16`, which calibration set before it recomputed its
-# activations). Everything lands in $OUT/step_recheck.tgz plus $OUT/step_recheck.log (the device tool
-# returns at most 8 files).
+# Issue 11's re-check on one H200 in one GPU call (about 500 s): the GPU tests of the paths changed since
+# the last measurement; FSDP2 over NCCL through calibration with its recomputed steps (distributed_h200.sh,
+# 40 steps, exact resume); then `adahop bench --only step` at llama3_1b 8x2048 with BF16, adahop_lv2 and
+# uniform IHT (every saved operand MXFP4): speed, the timed steps' memory and the whole run's
+# (`run_peak_memory_ratio_vs_bf16`, which calibration set before it recomputed its activations).
+# Everything lands in $OUT/step_recheck.tgz plus $OUT/step_recheck.log (the device tool returns at most 8 files).
 #
 # Run from the repository root on the GPU machine, carrying .whl (torchao for the float8 peer, see
 # benchmarks/torchtitan_h200.sh):   bash benchmarks/step_recheck_h200.sh
@@ -15,7 +15,7 @@ OUT=${OUT:-/tmp/step_recheck_out}
 WORK=/tmp/step_recheck
 TESTS=${TESTS:-"tests/test_recompute.py tests/test_gpu_step.py tests/test_gpu_linear.py tests/test_ops.py"}
 CASES=${CASES:-llama3_1b_8x2048}
-RUNS=${RUNS:-bf16/compile,adahop_lv2/compile+graph,mxfp4_hadamard/compile+graph,adahop_lv1/compile+graph}
+RUNS=${RUNS:-bf16/compile,adahop_lv2/compile+graph,mxfp4_hadamard/compile+graph}
 mkdir -p "$OUT" "$WORK"
 exec > >(tee -a "$OUT/step_recheck.log") 2>&1
 T0=$(date +%s)
@@ -34,11 +34,14 @@ export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 
 say "GPU tests: $TESTS"
 # shellcheck disable=SC2086  # TESTS is a list of paths
-timeout 170 bash benchmarks/run_gpu_tests.sh "$WORK/gpu-tests.txt" $TESTS
+timeout 140 bash benchmarks/run_gpu_tests.sh "$WORK/gpu-tests.txt" $TESTS
 tail -3 "$WORK/gpu-tests.txt"
 
+say "FSDP2 over NCCL, 40 steps of the 125m through calibration (recomputed), resume at 20"
+OUT=$WORK/dist STEPS=40 ARGS=--training.deterministic=true timeout 130 bash benchmarks/distributed_h200.sh | tail -4
+
 say "bench: $CASES, $RUNS"
-timeout 380 python3 -m adahop.cli bench --only step --step-cases "$CASES" --step-runs "$RUNS" \
+timeout 300 python3 -m adahop.cli bench --only step --step-cases "$CASES" --step-runs "$RUNS" \
   --out "$WORK/bench" > "$WORK/bench.log" 2>&1
 echo "bench exit status $?"
 grep "tok/s" "$WORK/bench.log" | cut -c1-220
