@@ -126,3 +126,23 @@ def load_summary_script():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def test_paired_validation_gap_curves_per_step(seed_runs):
+    from adahop.analysis.runs import read_run
+
+    runs = [read_run(p) for p in seed_runs]
+    gaps = compare.paired_val_gaps(runs)
+    assert set(gaps) == {"adahop_lv2", "mxfp4"}  # BF16 itself has no gap curve
+    steps, mean, stderr = gaps["adahop_lv2"]
+    per_seed = [a - b for a, b in zip(LV2, BF16)]  # validation at step 2 is final + 0.5 for every run
+    assert steps == [2, 4]
+    assert mean == pytest.approx([statistics.fmean(per_seed)] * 2)
+    assert stderr == pytest.approx([statistics.stdev(per_seed) / math.sqrt(3)] * 2)
+
+
+def test_no_gap_curve_without_bf16_of_the_same_seeds(tmp_path):
+    from adahop.analysis.runs import read_run
+
+    runs = [read_run(fake_run(tmp_path, "bf16", 0, 2.7)), read_run(fake_run(tmp_path, "mxfp4", 1, 2.8))]
+    assert compare.paired_val_gaps(runs) == {}

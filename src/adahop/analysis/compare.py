@@ -169,14 +169,54 @@ def _plot_band(ax, curves: list[tuple[list[int], list[float]]], color: str, labe
     )
 
 
+def paired_val_gaps(runs: list[RunRecord]) -> dict[str, tuple[list[int], list[float], list[float]]]:
+    """Per recipe, at each validation step that it and BF16 logged: the mean over seeds of its
+    validation loss minus BF16's of the same seed (runs of one seed averaged first), and the
+    standard error of that mean (0 for one seed). Recipes with a seed that BF16 lacks are left out."""
+    groups = group_runs(runs)
+    base = next((g for g, rs in groups.items() if rs[0].recipe == "bf16"), None)
+    if base is None:
+        return {}
+
+    def curves_by_seed(rs: list[RunRecord]) -> dict:
+        by_seed: dict = {}
+        for r in rs:
+            by_seed.setdefault(r.seed, []).append(dict(zip(r.val_steps, r.val_loss)))
+        return by_seed
+
+    bf16 = curves_by_seed(groups[base])
+    gaps = {}
+    for label, rs in groups.items():
+        mine = curves_by_seed(rs)
+        if label == base or None in mine or not mine.keys() <= bf16.keys():
+            continue
+        curves = [c for seed in mine for c in (*mine[seed], *bf16[seed])]
+        steps = sorted(set.intersection(*(set(c) for c in curves)))
+        mean, stderr = [], []
+        for step in steps:
+            per_seed = [
+                statistics.fmean(c[step] for c in mine[seed]) - statistics.fmean(c[step] for c in bf16[seed])
+                for seed in mine
+            ]
+            m, sd = _mean_std(per_seed)
+            mean.append(m)
+            stderr.append(sd / math.sqrt(len(per_seed)) if sd else 0.0)
+        if steps:
+            gaps[label] = (steps, mean, stderr)
+    return gaps
+
+
 def plot_runs(runs: list[RunRecord], path: Path) -> None:
-    """Train (EMA) and validation curves: each recipe's mean over its seeds, a band of one std."""
+    """Train (EMA) and validation curves: each recipe's mean over its seeds, a band of one std;
+    with a BF16 recipe, a third panel: each recipe's validation gap to BF16 paired by seed."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax_train, ax_val) = plt.subplots(1, 2, figsize=(13, 4.8))
+    gaps = paired_val_gaps(runs)
+    fig, axes = plt.subplots(1, 3 if gaps else 2, figsize=(19 if gaps else 13, 4.8))
+    ax_train, ax_val = axes[0], axes[1]
     for i, (label, rs) in enumerate(group_runs(runs).items()):
         color, name = f"C{i}", label if len(rs) == 1 else f"{label} (n={len(rs)})"
         for r in rs:
@@ -185,9 +225,15 @@ def plot_runs(runs: list[RunRecord], path: Path) -> None:
             _plot_band(ax_train, [(r.train_steps, _ema(r.train_loss)) for r in rs], color, name)
         if all(r.val_steps for r in rs):
             _plot_band(ax_val, [(r.val_steps, r.val_loss) for r in rs], color, name, marker="o")
+        if label in gaps:
+            steps, mean, stderr = gaps[label]
+            axes[2].errorbar(steps, mean, yerr=stderr, fmt="o-", color=color, markersize=3, capsize=3, label=name)
     ax_train.set(title=f"train loss (EMA {SMOOTHING}; band: ±1 std over seeds)", xlabel="step", ylabel="loss")
     ax_val.set(title="validation loss (band: ±1 std over seeds)", xlabel="step", ylabel="loss")
-    for ax in (ax_train, ax_val):
+    if gaps:
+        axes[2].axhline(0.0, color="black", linewidth=0.8)
+        axes[2].set(title="validation gap to BF16, same seed (bars: ±1 s.e.)", xlabel="step", ylabel="loss - BF16")
+    for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     # Zoom the train panel on the second half, where the recipes separate.
