@@ -123,7 +123,7 @@ def recipe_rows(runs: list[RunRecord]) -> list[dict]:
     """One row per recipe: final validation loss over its seeds (runs of one seed averaged), the
     spread of runs that share a seed, and the gap to the BF16 recipe."""
     groups = group_runs(runs)
-    base = next((g for g, rs in groups.items() if rs[0].recipe == "bf16"), None)
+    base = _bf16_group(groups)
     rows = []
     for label, rs in groups.items():
         values, same_seed_std = seed_means((r.seed, r.final_val_loss()) for r in rs)
@@ -169,40 +169,33 @@ def _plot_band(ax, curves: list[tuple[list[int], list[float]]], color: str, labe
     )
 
 
+def _bf16_group(groups: dict[str, list[RunRecord]]) -> str | None:
+    return next((g for g, rs in groups.items() if rs[0].recipe == "bf16"), None)
+
+
 def paired_val_gaps(runs: list[RunRecord]) -> dict[str, tuple[list[int], list[float], list[float]]]:
-    """Per recipe, at each validation step that it and BF16 logged: the mean over seeds of its
-    validation loss minus BF16's of the same seed (runs of one seed averaged first), and the
-    standard error of that mean (0 for one seed). Recipes with a seed that BF16 lacks are left out."""
+    """Per recipe, at each validation step that it and BF16 logged: its validation gap to BF16 of
+    the same seed (``gap_between``, paired) and the standard error (0 for one seed). Recipes with a
+    seed that BF16 lacks are left out."""
     groups = group_runs(runs)
-    base = next((g for g, rs in groups.items() if rs[0].recipe == "bf16"), None)
+    base = _bf16_group(groups)
     if base is None:
         return {}
-
-    def curves_by_seed(rs: list[RunRecord]) -> dict:
-        by_seed: dict = {}
-        for r in rs:
-            by_seed.setdefault(r.seed, []).append(dict(zip(r.val_steps, r.val_loss)))
-        return by_seed
-
-    bf16 = curves_by_seed(groups[base])
     gaps = {}
     for label, rs in groups.items():
-        mine = curves_by_seed(rs)
-        if label == base or None in mine or not mine.keys() <= bf16.keys():
+        seeds = {r.seed for r in rs}
+        partners = [b for b in groups[base] if b.seed in seeds]
+        if label == base or None in seeds or not seeds <= {b.seed for b in partners}:
             continue
-        curves = [c for seed in mine for c in (*mine[seed], *bf16[seed])]
-        steps = sorted(set.intersection(*(set(c) for c in curves)))
-        mean, stderr = [], []
-        for step in steps:
-            per_seed = [
-                statistics.fmean(c[step] for c in mine[seed]) - statistics.fmean(c[step] for c in bf16[seed])
-                for seed in mine
-            ]
-            m, sd = _mean_std(per_seed)
-            mean.append(m)
-            stderr.append(sd / math.sqrt(len(per_seed)) if sd else 0.0)
+        curves = [(r.seed, dict(zip(r.val_steps, r.val_loss))) for r in rs]
+        base_curves = [(b.seed, dict(zip(b.val_steps, b.val_loss))) for b in partners]
+        steps = sorted(set.intersection(*(set(c) for _, c in curves + base_curves)))
+        at = [
+            gap_between(((seed, c[step]) for seed, c in curves), ((seed, c[step]) for seed, c in base_curves))
+            for step in steps
+        ]
         if steps:
-            gaps[label] = (steps, mean, stderr)
+            gaps[label] = (steps, [g["gap"] for g in at], [g["stderr"] or 0.0 for g in at])
     return gaps
 
 

@@ -362,15 +362,17 @@ class Trainer:
         accum = self.cfg.training.grad_accum
         loss_sum = torch.zeros((), device=self.device)
         sampled = self._telemetry_layers()
-        votes = self.phase == "calibrating" or bool(sampled)
-        self.model.recompute_in = paused_votes if votes and self.cfg.training.recompute_pattern_steps else None
+        recompute = (self.phase == "calibrating" or bool(sampled)) and self.cfg.training.recompute_pattern_steps
+        if recompute:  # a step that votes patterns (a frozen step does not touch the blocks)
+            self.model.recompute_in = paused_votes
         try:
             with sample_patterns(sampled) as sampled_votes:
                 for i in range(accum):
                     inputs, targets = (t.to(self.device, non_blocking=True) for t in next(self.data.train))
                     loss_sum += self._micro_step(inputs, targets, first=i == 0, eager=bool(sampled))
         finally:
-            self.model.recompute_in = None  # the model leaves the step as it came
+            if recompute:
+                self.model.recompute_in = None  # the model leaves the step as it came
         if sampled:
             if self.env.distributed:
                 merge_over_ranks(sampled_votes, self.device)
