@@ -38,7 +38,8 @@ timeout 140 bash benchmarks/run_gpu_tests.sh "$WORK/gpu-tests.txt" $TESTS
 tail -3 "$WORK/gpu-tests.txt"
 
 say "FSDP2 over NCCL, 40 steps of the 125m through calibration (recomputed), resume at 20"
-OUT=$WORK/dist STEPS=40 ARGS=--training.deterministic=true timeout 130 bash benchmarks/distributed_h200.sh | tail -4
+# three runs of about 35 s each plus start-up and the comparison: 130 s cut the comparison on 2026-12-04
+OUT=$WORK/dist STEPS=40 ARGS=--training.deterministic=true timeout 200 bash benchmarks/distributed_h200.sh | tail -6
 
 say "bench: $CASES, $RUNS"
 timeout 300 python3 -m adahop.cli bench --only step --step-cases "$CASES" --step-runs "$RUNS" \
