@@ -79,6 +79,10 @@ def test_a_recipe_with_changed_fields_is_its_own_group(tmp_path):
     plain = compare.read_run(fake_run(tmp_path, "adahop_lv2", 0, 2.7))
     ablated = compare.read_run(fake_run(tmp_path, "adahop_lv2", 0, 2.7, extra='bf16_gemms = ["wgrad"]'))
     assert list(compare.group_runs([plain, ablated])) == ["adahop_lv2", "adahop_lv2 (bf16_gemms=['wgrad'])"]
+    # the per-run table names each run by the same label as its group
+    assert [row["recipe"] for row in compare.comparison_rows([plain, ablated])] == list(
+        compare.group_runs([plain, ablated])
+    )
 
 
 def test_runs_sharing_a_seed_count_as_one_seed_and_their_spread_is_the_noise_at_a_seed(seed_runs, tmp_path):

@@ -47,7 +47,7 @@ def comparison_rows(runs: list[RunRecord]) -> list[dict]:
         base = next((b for b in bf16 if b.seed == r.seed), bf16[0] if bf16 else None)
         row = {
             "run": str(r.path),
-            "recipe": r.recipe,
+            "recipe": r.group or r.recipe,  # its label, e.g. "adahop_lv1 (bf16_gemms=['forward'])", as the recipe table
             "seed": r.seed,
             "steps": r.train_steps[-1] if r.train_steps else 0,
             "final_train_loss": r.final_train_loss(),
