@@ -21,7 +21,9 @@
 #   K [5]          runs at once; jobs = RECIPES x VARIANTS x SEEDS, started K at a time
 #   VARIANTS [""]  ';'-separated TAG:ARGS for knob / ablation runs, e.g.
 #                  VARIANTS="rceil:--recipe.scale_rule=rceil;wgrad:--recipe.bf16_gemms=wgrad"
-#                  (an entry without ':' adds no arguments; ARGS split on spaces, no quoting);
+#                  (an entry without ':' adds no arguments; ARGS split on spaces, no quoting; values are
+#                  never globbed, so per-layer ablations pass as written, e.g.
+#                  "ffn:--recipe.bf16_gemms=forward@*.feed_forward.*;l0:--recipe.bf16_gemms=forward@layers.0.*");
 #                  run names are RECIPE-sSEED, or RECIPE-TAG-sSEED
 #   EXTRA [""]     adahop train arguments added to every run (split on spaces)
 #   COMPILE [0]    1: --training.compile=true (compile time counts against the 10 minutes)

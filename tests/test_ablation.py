@@ -1,15 +1,20 @@
 """Per-GEMM ablation: ``bf16_gemms`` and ``bf16_layers`` keep GEMMs in BF16 over any plan."""
 
+import json
+import tomllib
+
 import pytest
 import torch
 from torch import nn
 
+from adahop.analysis.runs import recipe_label
 from adahop.models import build_model
 from adahop.nn import AdaHOPLinear, convert_model, load_plan, model_plan
 from adahop.policy.calibration import ModelPlan
 from adahop.policy.strategies import LayerPlan, Strategy
 from adahop.recipes import Recipe, get_recipe
 from adahop.train.checkpoint import CheckpointError, check_matches
+from adahop.train.cli import build_parser, parse_overrides, resolve_config
 from adahop.train.config import ConfigError, TrainConfig, apply_override
 
 from conftest import SMALL_MODEL
@@ -87,3 +92,101 @@ def test_a_checkpoint_written_before_the_ablation_fields_still_matches_its_confi
     check_matches(tmp_path / "old.pt", saved, current)
     with pytest.raises(CheckpointError, match="bf16_gemms"):
         check_matches(tmp_path / "old.pt", saved, {**current, "recipe": {**current["recipe"], "bf16_gemms": ["wgrad"]}})
+
+
+# ---- ROLE@PATTERN entries: one GEMM role in BF16 in a set of layers ------------------------------
+def test_scoped_entries_parse_validate_and_combine():
+    r = Recipe(bf16_gemms=("wgrad@*.w2", "forward@*.attention.*", "forward@layers.0.*", "dgrad"))
+    assert r.bf16_gemms_for("layers.1.attention.wq") == ("forward", "dgrad")
+    assert r.bf16_gemms_for("layers.0.feed_forward.w1") == ("forward", "dgrad")
+    assert r.bf16_gemms_for("layers.1.feed_forward.w2") == ("dgrad", "wgrad")
+    assert r.bf16_gemms_for("layers.1.feed_forward.w3") == ("dgrad",)
+    assert r.bf16_gemms_for("layers.0.feed_forward.w2") == ("forward", "dgrad", "wgrad")  # GEMMS order
+    assert Recipe(bf16_gemms=("forward@*", "forward")).bf16_gemms_for("w1") == ("forward",)  # no duplicates
+    ffn = Recipe(bf16_gemms=("forward@*.feed_forward.*",), bf16_layers=("*.wo",))
+    assert ffn.bf16_gemms_for("layers.0.attention.wq") == ()
+    assert ffn.bf16_gemms_for("layers.0.attention.wo") == ("forward", "dgrad", "wgrad")  # bf16_layers: all three
+    assert Recipe.from_dict(ffn.to_dict()) == ffn
+    form = r"; entries are ROLE or ROLE@PATTERN \(fnmatch on module names, e\.g\. 'forward@\*\.feed_forward\.\*'\)$"
+    for bad, why in (
+        ("fwd@*.w2", r"bf16_gemms entry='fwd@\*\.w2': role 'fwd' is not one of \('forward', 'dgrad', 'wgrad'\)"),
+        ("@*.w2", r"bf16_gemms entry='@\*\.w2': role '' is not one of"),
+        ("forward@", r"bf16_gemms entry='forward@' has an empty pattern"),
+        ("fwd", r"bf16_gemms entry='fwd' is not one of \('forward', 'dgrad', 'wgrad'\)"),
+    ):
+        with pytest.raises(ValueError, match=why + ".*" + form) as e:
+            Recipe(bf16_gemms=("forward", bad))
+        assert "\n" not in str(e.value)
+
+
+def test_scoped_forward_is_bf16_exactly_in_the_matching_layers():
+    recipe = {"name": "mxfp4", "bf16_gemms": ["forward@*.attention.*", "forward@layers.1.feed_forward.w2"]}
+    model = convert_model(build_model("tiny", vocab_size=64, **SMALL_MODEL), recipe)
+    layers = {n: m for n, m in model.named_modules() if isinstance(m, AdaHOPLinear)}
+    assert len(layers) == 14
+    for name, layer in layers.items():
+        kept = ".attention." in name or name == "layers.1.feed_forward.w2"
+        assert layer.bf16_gemms == (("forward",) if kept else ()), name
+        assert layer.plan.forward is (Strategy.BF16 if kept else Strategy.MXFP4), name
+        assert layer.plan.dgrad is layer.plan.wgrad is Strategy.MXFP4, name
+    with pytest.raises(ValueError, match=r"bf16_gemms entry 'forward@\*\.w9' matches no converted layer; names look"):
+        convert_model(
+            build_model("tiny", vocab_size=64, **SMALL_MODEL), {"name": "mxfp4", "bf16_gemms": ["forward@*.w9"]}
+        )
+
+
+def test_cli_override_with_patterns_and_a_distinct_run_label():
+    parser = build_parser()
+    args, extra = parser.parse_known_args(
+        ["--recipe.bf16_gemms=forward@*.attention.*,forward@*.w2", "--recipe=adahop_lv1"]
+    )
+    cfg = resolve_config(args, parse_overrides(extra, parser))  # as `adahop train` and quality_h200.sh do
+    assert cfg.recipe.name == "adahop_lv1"
+    assert cfg.recipe.bf16_gemms == ("forward@*.attention.*", "forward@*.w2")
+    saved = tomllib.loads(cfg.to_toml())["recipe"]  # the run's config.toml, as summary.py / compare read it
+    assert Recipe.from_dict(saved) == cfg.recipe
+    labels = {
+        recipe_label(saved),
+        recipe_label({**saved, "bf16_gemms": ["forward@*.feed_forward.*"]}),
+        recipe_label({**saved, "bf16_gemms": ["forward"]}),
+        recipe_label({**saved, "bf16_gemms": []}),
+    }
+    assert len(labels) == 4
+    assert recipe_label(saved) == "adahop_lv1 (bf16_gemms=['forward@*.attention.*', 'forward@*.w2'])"
+    with pytest.raises(ConfigError, match="role 'fwd' is not one of"):
+        apply_override(cfg, "recipe.bf16_gemms", "forward@*.w2,fwd@*.w1")
+
+
+def test_forward_at_star_is_bit_identical_to_forward():
+    tokens = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
+    results = []
+    for kept in ("forward", "forward@*"):
+        torch.manual_seed(0)
+        model = convert_model(
+            build_model("tiny", vocab_size=64, **SMALL_MODEL), {"name": "mxfp4", "bf16_gemms": [kept]}
+        )
+        torch.manual_seed(1)
+        loss = model(tokens, tokens)[1]
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters()}))
+    (loss_a, grads_a), (loss_b, grads_b) = results
+    assert torch.equal(loss_a, loss_b)
+    assert grads_a.keys() == grads_b.keys() and all(torch.equal(grads_a[n], grads_b[n]) for n in grads_a)
+
+
+def test_the_registered_bf16_forward_recipe_trains_as_lv1_with_the_forward_ablation(small_overrides, tmp_path):
+    """docs/quality.md measured ``adahop_lv1 --recipe.bf16_gemms=forward``; the named recipe must be that run."""
+    from adahop.cli import main as adahop_main
+    from adahop.train.metrics import read_metrics
+
+    def train(name: str, **extra) -> tuple[list, dict]:
+        out = tmp_path / name
+        argv = [f"--{k}={v}" for k, v in small_overrides(out, recipe__name=name.split("+")[0], **extra)]
+        assert adahop_main(["train", *argv]) == 0
+        losses = [(r["kind"], r["step"], r["loss"]) for r in read_metrics(out) if "loss" in r]
+        return losses, json.loads((out / "plan.json").read_text())
+
+    named = train("adahop_lv1_bf16_forward")
+    ablated = train("adahop_lv1+fwd", recipe__bf16_gemms="forward")
+    assert named == ablated
+    assert {layer["forward"] for layer in named[1]["layers"].values()} == {"bf16"}

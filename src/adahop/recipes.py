@@ -7,10 +7,13 @@
 | `mxfp4_hadamard` | uniform inner Hadamard (IHT) + MXFP4 on all three GEMMs                  |
 | `adahop_lv1`     | calibrate outlier patterns, then per-GEMM strategies from the level-1 table |
 | `adahop_lv2`     | same with the level-2 table (col-col GEMMs in BF16)                      |
+| `adahop_lv1_bf16_forward` | `adahop_lv1` with every forward GEMM in BF16: the quality study's recipe at BF16's loss (docs/quality.md) |
 
 Ablations on top of any recipe: ``bf16_gemms`` keeps those GEMM roles ("forward", "dgrad",
-"wgrad") in BF16 in every converted layer, ``bf16_layers`` (fnmatch patterns on module names)
-keeps all three GEMMs of the matching layers in BF16; both override the frozen plan.
+"wgrad") in BF16 in every converted layer, or with ``ROLE@PATTERN`` entries (e.g.
+``"forward@*.feed_forward.*"``) only in the layers whose module name matches the fnmatch pattern;
+``bf16_layers`` (fnmatch patterns on module names) keeps all three GEMMs of the matching layers in
+BF16; both override the frozen plan.
 
 Knobs an independent port found to matter, each off by default: ``hadamard_signs`` (random-sign
 Hadamard), ``backward_rounding="stochastic"`` (stochastic rounding on every backward operand, not
@@ -44,6 +47,13 @@ def name_matches(name: str, patterns: tuple[str, ...]) -> bool:
     return any(fnmatch(name, p) or fnmatch(leaf, p) for p in patterns)
 
 
+def split_bf16_gemm(entry: str) -> tuple[str, str | None]:
+    """A ``bf16_gemms`` entry as (role, pattern): ``"forward"`` -> ("forward", None), every layer;
+    ``"forward@*.w2"`` -> ("forward", "*.w2"), the layers whose name matches (``name_matches``)."""
+    role, at, pattern = entry.partition("@")
+    return role, pattern if at else None
+
+
 @dataclass(frozen=True)
 class Recipe:
     """Every knob of AdaHOP's numerics. ``strategy`` is "adaptive" or one Strategy for all GEMMs.
@@ -72,7 +82,7 @@ class Recipe:
     calibration_steps: int = 30
     pattern_threshold: float = 2.0
     exclude: tuple[str, ...] = ("output", "lm_head")  # module names kept as nn.Linear (fnmatch)
-    bf16_gemms: tuple[str, ...] = ()  # GEMM roles kept in BF16 in every layer (ablation)
+    bf16_gemms: tuple[str, ...] = ()  # GEMM roles kept in BF16 in every layer, or ROLE@PATTERN (ablation)
     bf16_layers: tuple[str, ...] = ()  # module names (fnmatch) whose three GEMMs stay in BF16
 
     def __post_init__(self) -> None:
@@ -113,10 +123,20 @@ class Recipe:
                 raise ValueError(f"recipe {self.name!r}: {knob} must be >= 1")
         if self.pattern_threshold <= 1.0:
             raise ValueError(f"recipe {self.name!r}: pattern_threshold must be > 1")
-        for gemm in self.bf16_gemms:
-            check(gemm, GEMMS, "bf16_gemms entry")
+        for entry in self.bf16_gemms:
+            self._check_bf16_gemm(entry)
         if self.adaptive:
             get_table(self.table)  # raises with the valid choices
+
+    def _check_bf16_gemm(self, entry: Any) -> None:
+        form = "entries are ROLE or ROLE@PATTERN (fnmatch on module names, e.g. 'forward@*.feed_forward.*')"
+        role, pattern = split_bf16_gemm(entry) if isinstance(entry, str) else (entry, None)
+        where = f"recipe {self.name!r}: bf16_gemms entry={entry!r}"
+        if role not in GEMMS:
+            what = f"{where}: role {role!r}" if pattern is not None else where
+            raise ValueError(f"{what} is not one of {GEMMS}; {form}")
+        if pattern == "":
+            raise ValueError(f"{where} has an empty pattern; {form}")
 
     def quant_spec(self, rounding: str, signs: torch.Tensor | None = None) -> QuantSpec:
         """The spec of one tensor under this recipe, rounded by ``rounding`` (the recipe has three:
@@ -125,8 +145,17 @@ class Recipe:
         return QuantSpec(self.fmt, self.block_size, self.scale_rule, rounding, self.hadamard_block_size, signs)
 
     def bf16_gemms_for(self, name: str) -> tuple[str, ...]:
-        """The GEMM roles that module ``name`` keeps in BF16 whatever its plan says."""
-        return GEMMS if name_matches(name, self.bf16_layers) else self.bf16_gemms
+        """The GEMM roles (in ``GEMMS`` order) that module ``name`` keeps in BF16 whatever its plan
+        says: all three if it matches ``bf16_layers``, else those of the ``bf16_gemms`` entries
+        without a pattern or whose pattern it matches."""
+        if name_matches(name, self.bf16_layers):
+            return GEMMS
+        kept = set()
+        for entry in self.bf16_gemms:
+            role, pattern = split_bf16_gemm(entry)
+            if pattern is None or name_matches(name, (pattern,)):
+                kept.add(role)
+        return tuple(gemm for gemm in GEMMS if gemm in kept)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -165,6 +194,8 @@ RECIPES: dict[str, Recipe] = {
         Recipe(name="mxfp4_hadamard", strategy=Strategy.IHT.value),
         Recipe(name="adahop_lv1", table="lv1"),
         Recipe(name="adahop_lv2", table="lv2"),
+        # The quality study found the whole gap to BF16 in the forward GEMM (docs/quality.md, phase 4).
+        Recipe(name="adahop_lv1_bf16_forward", table="lv1", bf16_gemms=("forward",)),
     )
 }
 

@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from ..atomic import write_atomic
+from ..recipes import RECIPES as REGISTERED_RECIPES
 
 SEQ_LEN = 2048
 VOCAB_SIZE = 32768  # the tokenizer of configs/llama3_*_h200.toml
@@ -75,7 +76,7 @@ CASES = (
     Case("llama3_1b", 8, _HEADLINE),
     Case("llama3_3b", 4, _HEADLINE + (("float8_tensorwise", "compile"), ("mxfp4_hadamard", "compile+graph"))),
 )
-RECIPES = ("bf16", "mxfp4", "mxfp4_hadamard", "adahop_lv1", "adahop_lv2", *PEERS)
+RECIPES = (*REGISTERED_RECIPES, *PEERS)  # every registered recipe, then the peers
 # Kernel families by name fragment, first match wins; the rest is "other".
 FAMILIES = (
     ("quantize (Triton)", ("_quantize_",)),

@@ -8,7 +8,7 @@ from pathlib import Path
 from torch import nn
 
 from ..policy.calibration import ModelPlan
-from ..recipes import Recipe, get_recipe, name_matches
+from ..recipes import Recipe, get_recipe, name_matches, split_bf16_gemm
 from .linear import AdaHOPLinear
 
 ModuleFilter = Callable[[nn.Module, str], bool]
@@ -28,7 +28,8 @@ def convert_model(
             ``adahop_lv2``), a ``Recipe``, a dict of recipe fields or a .toml/.json path.
         filter_fn: ``filter_fn(module, fqn) -> bool``; modules it rejects stay ``nn.Linear``.
             Modules matching ``recipe.exclude`` (the LM head by default) always stay; those
-            matching ``recipe.bf16_layers`` are converted with all three GEMMs in BF16.
+            matching ``recipe.bf16_layers`` are converted with all three GEMMs in BF16, and
+            ``recipe.bf16_gemms_for(fqn)`` says which GEMMs the others keep in BF16.
         plan: a frozen plan (``ModelPlan`` or its JSON path) to skip calibration.
 
     Returns the same model object, converted in place; a bare ``nn.Linear`` cannot be replaced in
@@ -44,7 +45,7 @@ def convert_model(
         and not name_matches(name, recipe.exclude)
         and (filter_fn is None or filter_fn(module, name))
     ]
-    _check_bf16_layers(recipe, [name for name, _ in targets])
+    _check_patterns(recipe, [name for name, _ in targets])
     for layer_id, (name, linear) in enumerate(targets):
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
@@ -55,12 +56,15 @@ def convert_model(
     return model
 
 
-def _check_bf16_layers(recipe: Recipe, names: list[str]) -> None:
-    """A ``bf16_layers`` pattern that matches no converted layer is a typo, not an ablation."""
-    for pattern in recipe.bf16_layers:
-        if not any(name_matches(name, (pattern,)) for name in names):
+def _check_patterns(recipe: Recipe, names: list[str]) -> None:
+    """A ``bf16_layers`` or ``bf16_gemms`` (ROLE@PATTERN) pattern that matches no converted layer
+    is a typo, not an ablation."""
+    checks = [(f"bf16_layers pattern {p!r}", p) for p in recipe.bf16_layers]
+    checks += [(f"bf16_gemms entry {e!r}", split_bf16_gemm(e)[1]) for e in recipe.bf16_gemms]
+    for what, pattern in checks:
+        if pattern is not None and not any(name_matches(name, (pattern,)) for name in names):
             raise ValueError(
-                f"recipe {recipe.name!r}: bf16_layers pattern {pattern!r} matches no converted layer; "
+                f"recipe {recipe.name!r}: {what} matches no converted layer; "
                 f"names look like {names[:3]} (fnmatch on the full name or its last part)"
             )
 
@@ -71,7 +75,7 @@ def _convert_root(
     """``convert_model`` of a model that is itself an ``nn.Linear`` (its name is ``""``)."""
     if filter_fn is not None and not filter_fn(linear, ""):
         return linear
-    _check_bf16_layers(recipe, [""])
+    _check_patterns(recipe, [""])
     layer = AdaHOPLinear.from_linear(linear, recipe, bf16_gemms=recipe.bf16_gemms_for(""))
     if plan is not None:
         load_plan(layer, plan)

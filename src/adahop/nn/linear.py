@@ -139,11 +139,14 @@ class AdaHOPLinear(nn.Linear):
         super().__init__(in_features, out_features, bias, device, dtype)
         self.recipe = get_recipe(recipe)
         self.layer_id = layer_id
-        # GEMMs kept in BF16 whatever the plan says (ablation); default: the recipe's bf16_gemms.
-        self.bf16_gemms = self.recipe.bf16_gemms if bf16_gemms is None else tuple(bf16_gemms)
+        # GEMMs kept in BF16 whatever the plan says (ablation); default: the recipe's for a layer
+        # without a module name (convert_model passes those of the layer's name).
+        self.bf16_gemms = self.recipe.bf16_gemms_for("") if bf16_gemms is None else tuple(bf16_gemms)
         unknown = sorted(set(self.bf16_gemms) - set(GEMMS))
         if unknown:
-            raise ValueError(f"bf16_gemms {unknown} are not GEMMs; choose among {list(GEMMS)}")
+            raise ValueError(
+                f"bf16_gemms {unknown} are not GEMMs; choose among {list(GEMMS)} (ROLE@PATTERN is for recipes)"
+            )
         self.votes = PatternVotes()
         self._extra_state = new_state()
         # Random-sign Hadamard variant: one seeded vector for every layer and replica; a
