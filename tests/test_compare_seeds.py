@@ -80,7 +80,7 @@ def test_a_recipe_with_changed_fields_is_its_own_group(tmp_path):
     ablated = compare.read_run(fake_run(tmp_path, "adahop_lv2", 0, 2.7, extra='bf16_gemms = ["wgrad"]'))
     assert list(compare.group_runs([plain, ablated])) == ["adahop_lv2", "adahop_lv2 (bf16_gemms=['wgrad'])"]
     # the per-run table names each run by the same label as its group
-    assert [row["recipe"] for row in compare.comparison_rows([plain, ablated])] == list(
+    assert [row["label"] for row in compare.comparison_rows([plain, ablated])] == list(
         compare.group_runs([plain, ablated])
     )
 

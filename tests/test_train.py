@@ -142,7 +142,10 @@ def test_bad_config_file_is_named(tmp_path):
     "argv, expected",
     [
         (["--model", "huge"], "invalid choice: 'huge' (choose from 'tiny', 'small'"),
-        (["--recipe", "fp2"], "choose from 'adahop_lv1', 'adahop_lv1_bf16_forward', 'adahop_lv2', 'bf16', 'mxfp4', 'mxfp4_hadamard'"),
+        (
+            ["--recipe", "fp2"],
+            "choose from 'adahop_lv1', 'adahop_lv1_bf16_forward', 'adahop_lv2', 'bf16', 'mxfp4', 'mxfp4_hadamard'",
+        ),
         (["--steps", "many"], "invalid int value"),
         (["--optim.lr=fast"], "optim.lr: expected a number"),
         (["--model.preset=huge"], "valid presets: tiny"),

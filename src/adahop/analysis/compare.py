@@ -47,7 +47,8 @@ def comparison_rows(runs: list[RunRecord]) -> list[dict]:
         base = next((b for b in bf16 if b.seed == r.seed), bf16[0] if bf16 else None)
         row = {
             "run": str(r.path),
-            "recipe": r.group or r.recipe,  # its label, e.g. "adahop_lv1 (bf16_gemms=['forward'])", as the recipe table
+            "recipe": r.recipe,
+            "label": r.group or r.recipe,  # e.g. "adahop_lv1 (bf16_gemms=['forward'])": the tables show it
             "seed": r.seed,
             "steps": r.train_steps[-1] if r.train_steps else 0,
             "final_train_loss": r.final_train_loss(),
@@ -255,7 +256,7 @@ def markdown_table(rows: list[dict]) -> str:
         sep += "---:|---:|"
     lines = [head, sep]
     for r in rows:
-        line = f"| {r['recipe']} | {r['seed']} | {r['steps']} | {_fmt(r['final_train_loss'])} | {_fmt(r['final_val_loss'])} |"
+        line = f"| {r['label']} | {r['seed']} | {r['steps']} | {_fmt(r['final_train_loss'])} | {_fmt(r['final_val_loss'])} |"
         if has_gap:
             line += f" {_fmt(r.get('train_gap_to_bf16'), True)} | {_fmt(r.get('val_gap_to_bf16'), True)} |"
         lines.append(line)
@@ -268,7 +269,7 @@ def print_table(rows: list[dict], console: Console) -> None:
         table.add_column(col, justify="left" if col == "recipe" else "right")
     for r in rows:
         table.add_row(
-            r["recipe"],
+            r["label"],
             str(r["seed"]),
             str(r["steps"]),
             _fmt(r["final_train_loss"]),
