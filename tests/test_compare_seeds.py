@@ -150,3 +150,24 @@ def test_no_gap_curve_without_bf16_of_the_same_seeds(tmp_path):
 
     runs = [read_run(fake_run(tmp_path, "bf16", 0, 2.7)), read_run(fake_run(tmp_path, "mxfp4", 1, 2.8))]
     assert compare.paired_val_gaps(runs) == {}
+
+
+def test_summary_gives_every_gap_to_a_chosen_recipe_paired_by_seed(seed_runs, tmp_path, capsys):
+    """``summary.py --against LABEL``: how each recipe differs from another than BF16 (an ablation
+    against its base recipe), with the statistics of the gap to BF16."""
+    script = load_summary_script()
+    summary = script.summarize([str(p) for p in seed_runs], against=["adahop_lv2"])
+    rows = {r["recipe"]: r for r in summary["recipes"]}
+    g = rows["mxfp4"]["against"]["adahop_lv2"]["val"]
+    diffs = [a - b for a, b in zip(MXFP4, LV2)]
+    assert g["pairing"] == "paired"
+    assert (g["gap"], g["stderr"]) == pytest.approx((statistics.fmean(diffs), statistics.stdev(diffs) / math.sqrt(3)))
+    assert "eval" not in rows["mxfp4"]["against"]["adahop_lv2"]  # these runs have no eval.json
+    assert "against" not in rows["adahop_lv2"]  # not against itself
+    assert "## Against adahop_lv2" in script.markdown(summary)
+
+    out = tmp_path / "summary.json"
+    assert script.main([*map(str, seed_runs), "--against", "adahop_lv2", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["against"] == ["adahop_lv2"]
+    assert script.main([*map(str, seed_runs), "--against", "adahop_lv9"]) == 2
+    assert "--against 'adahop_lv9' is not a recipe of these runs" in capsys.readouterr().err

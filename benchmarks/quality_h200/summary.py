@@ -1,7 +1,7 @@
 """Summary of quality-study runs: final validation loss and ``adahop eval`` held-out loss per run,
 and per recipe across seeds with the gap to BF16 (paired by seed where possible).
 
-    python benchmarks/quality_h200/summary.py OUT [OUT ...] [--json FILE]
+    python benchmarks/quality_h200/summary.py OUT [OUT ...] [--json FILE] [--against LABEL ...]
 
 Each argument is an ``$OUT`` folder of ``benchmarks/quality_h200.sh`` (its ``runs/*`` are read) or
 one run directory. A run contributes its final validation loss (``metrics.jsonl``, the trainer's
@@ -10,6 +10,8 @@ linear in BF16. The gap statistics are those of ``adahop compare`` (``adahop.ana
 paired by seed when every seed of the recipe has a BF16 run (standard error of the mean per-seed
 gap), else Welch; "inside the noise" when |gap| < 2 standard errors; runs that share a seed
 (rounding streams) count as one seed, their spread reported as the noise at a fixed seed.
+``--against LABEL`` (a recipe label of the table, e.g. ``adahop_lv1``) adds each recipe's gap to
+that recipe, by the same statistics: how an ablation moves its base recipe, paired by seed.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 
 from adahop.analysis.compare import NOISE_SIGMAS, gap_between, group_runs, seed_means
 from adahop.analysis.runs import read_run
+from adahop.atomic import write_atomic
 
 BF16_SPREAD_TARGET = 0.01  # issue 12: a length where BF16's own seed spread is below this (nats)
 EVAL_FILE = "eval.json"
@@ -52,7 +55,8 @@ def _configured_steps(path: Path) -> int | None:
     return tomllib.loads(f.read_text()).get("training", {}).get("steps") if f.is_file() else None
 
 
-def summarize(paths: list[str]) -> dict:
+def summarize(paths: list[str], against: list[str] | tuple[str, ...] = ()) -> dict:
+    """Per run and per recipe (label); ``against``: labels to give every other recipe's gap to."""
     dirs = run_dirs(paths)
     runs = [read_run(d) for d in dirs]
     evals = {r.path: _eval(r.path) for r in runs}
@@ -76,6 +80,9 @@ def summarize(paths: list[str]) -> dict:
     val = lambda r: r.final_val_loss()  # noqa: E731
     ev = lambda r: evals[r.path]["as_trained"]["loss"] if evals[r.path] else None  # noqa: E731
     groups = group_runs(runs)
+    unknown = [label for label in against if label not in groups]
+    if unknown:
+        raise ValueError(f"--against {unknown[0]!r} is not a recipe of these runs; the recipes are {list(groups)}")
     base = next((rs for rs in groups.values() if rs[0].recipe == "bf16"), None)
     per_recipe = []
     for label, rs in groups.items():
@@ -95,8 +102,13 @@ def summarize(paths: list[str]) -> dict:
             row[f"{key}_same_seed_std"] = same_seed_std
             if base is not None and rs is not base and seed_means((b.seed, value(b)) for b in base)[0]:
                 row[f"{key}_gap"] = gap_between(((r.seed, value(r)) for r in rs), ((b.seed, value(b)) for b in base))
+            for other in against:
+                if other != label and seed_means((b.seed, value(b)) for b in groups[other])[0]:
+                    row.setdefault("against", {}).setdefault(other, {})[key] = gap_between(
+                        ((r.seed, value(r)) for r in rs), ((b.seed, value(b)) for b in groups[other])
+                    )
         per_recipe.append(row)
-    return {"runs": per_run, "recipes": per_recipe}
+    return {"runs": per_run, "recipes": per_recipe, "against": list(against)}
 
 
 def _f(v, signed=False) -> str:
@@ -142,6 +154,21 @@ def markdown(summary: dict) -> str:
                 cells.append(_f(r.get("val_same_seed_std")))
             cells.append(_gap_cell(r.get(f"{key}_gap")))
         lines.append(f"| {r['recipe']} | {r['n']} | {','.join(map(str, r['seeds']))} | " + " | ".join(cells) + " |")
+    for other in summary.get("against", []):
+        lines += [
+            "",
+            f"## Against {other} (gap ± s.e., paired by seed where every seed has a run of {other})",
+            "",
+            f"| recipe | n | seeds | val gap to {other} | eval gap to {other} |",
+            "|---|---:|---|---|---|",
+        ]
+        for r in summary["recipes"]:
+            if other in r.get("against", {}):
+                gaps = r["against"][other]
+                lines.append(
+                    f"| {r['recipe']} | {r['n']} | {','.join(map(str, r['seeds']))} | "
+                    f"{_gap_cell(gaps.get('val'))} | {_gap_cell(gaps.get('eval'))} |"
+                )
     bf16 = next((r for r in summary["recipes"] if r["base_recipe"] == "bf16"), None)
     if bf16 is not None:
         sd = bf16.get("val_std")
@@ -161,9 +188,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("paths", nargs="+", help="$OUT folders of quality_h200.sh, or run directories")
     parser.add_argument("--json", help="also write the summary as JSON here")
+    parser.add_argument(
+        "--against", action="append", default=[], metavar="LABEL", help="also give every gap to this recipe"
+    )
     args = parser.parse_args(argv)
     try:
-        summary = summarize(args.paths)
+        summary = summarize(args.paths, against=args.against)
     except (FileNotFoundError, ValueError) as e:
         print(f"summary: error: {e}", file=sys.stderr)
         return 2
@@ -172,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(markdown(summary), end="")
     if args.json:
-        Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
+        write_atomic(Path(args.json), json.dumps(summary, indent=2) + "\n")
     return 0
 
 
