@@ -184,3 +184,38 @@ def test_grad_fast_accum_is_a_boolean_knob():
     assert Recipe.from_dict({"name": "adahop_lv1", "grad_fast_accum": False}).grad_fast_accum is False
     with pytest.raises(ValueError, match="grad_fast_accum='no' is not true or false"):
         Recipe(grad_fast_accum="no")
+
+
+# ---- forward_fmt ------------------------------------------------------------------------------
+def fq_fmt(t, fmt, rotate=False):
+    """Round-to-nearest fake quantization in element format ``fmt`` along the last dim."""
+    t = hadamard_transform(t.float()) if rotate else t.float()
+    return quantize_mx(t, fmt=fmt).dequantize()
+
+
+@pytest.mark.parametrize(("recipe", "rotate"), [("mxfp4", False), ("mxfp4_hadamard", True)])
+def test_forward_fmt_sets_the_forward_operands_format_and_leaves_the_backward_alone(recipe, rotate):
+    """An 8-bit forward: Y = Q8(X) Q8(W)ᵀ, while dgrad and wgrad stay the recipe's MXFP4, bit for bit."""
+    x, g = inputs()
+    torch.manual_seed(1)
+    eight = AdaHOPLinear(64, 80, bias=False, recipe={"name": recipe, "forward_fmt": "mxfp8_e4m3"})
+    four = AdaHOPLinear(64, 80, bias=False, recipe=recipe)
+    four.weight.data.copy_(eight.weight.data)
+    y8, dx8, dw8 = run(eight, x, g, seed=3)
+    y4, dx4, dw4 = run(four, x, g, seed=3)
+    w = eight.weight.detach()
+    assert torch.equal(y8, fq_fmt(x, "mxfp8_e4m3", rotate) @ fq_fmt(w, "mxfp8_e4m3", rotate).T)
+    assert torch.equal(y4, fq_fmt(x, "mxfp4", rotate) @ fq_fmt(w, "mxfp4", rotate).T)
+    assert (y8 - x @ w.T).abs().max() < (y4 - x @ w.T).abs().max()  # the 8-bit forward is closer
+    assert torch.equal(dx8, dx4) and torch.equal(dw8, dw4)
+
+
+def test_forward_fmt_is_validated_and_round_trips():
+    assert Recipe().forward_fmt is None
+    custom = Recipe.from_dict({"name": "adahop_lv1", "forward_fmt": "mxfp8_e4m3"})
+    assert Recipe.from_dict(custom.to_dict()) == custom
+    with pytest.raises(ValueError, match=r"forward_fmt='fp8' is not one of \(None, 'mxfp4', 'mxfp8_e4m3'"):
+        Recipe(forward_fmt="fp8")
+    with pytest.raises(ValueError, match="weight_blocks='2d' shares one quantized W") as e:
+        Recipe(name="mxfp4", strategy="mxfp4", weight_blocks="2d", forward_fmt="mxfp8_e4m3")
+    assert "\n" not in str(e.value)

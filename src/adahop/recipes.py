@@ -66,6 +66,9 @@ class Recipe:
     strategy: str = ADAPTIVE
     table: str | dict[str, str] = DEFAULT_TABLE  # a table name or a user mapping {"row,none": "oe_left", ...}
     fmt: str = DEFAULT_SPEC.fmt
+    # The forward GEMM's element format (X and W as the forward reads them); None: ``fmt``. An 8-bit
+    # forward ("mxfp8_e4m3") asks whether the quality study's forward gap is the 4-bit grid itself.
+    forward_fmt: str | None = None
     block_size: int = DEFAULT_SPEC.block_size
     scale_rule: str = DEFAULT_SPEC.scale_rule  # E8M0 scale of every MX block: floor (OCP) | ceil | even | rceil
     rounding: str = DEFAULT_SPEC.rounding  # X and W as the forward GEMM reads them
@@ -103,6 +106,7 @@ class Recipe:
         fixed = tuple(s.value for s in Strategy if s not in (Strategy.OE_LEFT, Strategy.OE_RIGHT))
         check(self.strategy, (ADAPTIVE, *fixed), "strategy")
         check(self.fmt, tuple(ELEMENT_FORMATS), "fmt")
+        check(self.forward_fmt, (None, *ELEMENT_FORMATS), "forward_fmt")
         check(self.scale_rule, SCALE_RULES, "scale_rule")
         check(self.rounding, ROUNDING_MODES, "rounding")
         check(self.backward_rounding, ROUNDING_MODES, "backward_rounding")
@@ -110,6 +114,11 @@ class Recipe:
         check(self.weight_blocks, WEIGHT_BLOCKS, "weight_blocks")
         if not isinstance(self.grad_fast_accum, bool):
             raise ValueError(f"recipe {self.name!r}: grad_fast_accum={self.grad_fast_accum!r} is not true or false")
+        if self.weight_blocks == "2d" and self.forward_fmt not in (None, self.fmt):
+            raise ValueError(
+                f"recipe {self.name!r}: weight_blocks='2d' shares one quantized W between the forward and dgrad, "
+                f"so forward_fmt={self.forward_fmt!r} must be unset or equal fmt={self.fmt!r}"
+            )
         if self.weight_blocks == "2d" and self.strategy != Strategy.MXFP4.value:
             raise ValueError(
                 f"recipe {self.name!r}: weight_blocks='2d' needs strategy='mxfp4', got {self.strategy!r}: "
@@ -138,11 +147,12 @@ class Recipe:
         if pattern == "":
             raise ValueError(f"{where} has an empty pattern; {form}")
 
-    def quant_spec(self, rounding: str, signs: torch.Tensor | None = None) -> QuantSpec:
+    def quant_spec(self, rounding: str, signs: torch.Tensor | None = None, *, forward: bool = False) -> QuantSpec:
         """The spec of one tensor under this recipe, rounded by ``rounding`` (the recipe has three:
         ``rounding``, ``grad_rounding``, ``backward_rounding``); ``signs``: the random-sign vector
-        when ``hadamard_signs`` is on."""
-        return QuantSpec(self.fmt, self.block_size, self.scale_rule, rounding, self.hadamard_block_size, signs)
+        when ``hadamard_signs`` is on; ``forward``: an operand of the forward GEMM (``forward_fmt``)."""
+        fmt = (self.forward_fmt or self.fmt) if forward else self.fmt
+        return QuantSpec(fmt, self.block_size, self.scale_rule, rounding, self.hadamard_block_size, signs)
 
     def bf16_gemms_for(self, name: str) -> tuple[str, ...]:
         """The GEMM roles (in ``GEMMS`` order) that module ``name`` keeps in BF16 whatever its plan

@@ -62,7 +62,7 @@ class GemmConfig:
     """Everything the autograd function needs besides tensors."""
 
     plan: LayerPlan
-    act: QuantSpec  # X and W: round to nearest
+    act: QuantSpec  # X and W as the forward GEMM reads them: round to nearest, recipe.forward_fmt
     grad: QuantSpec  # dY: stochastic rounding by default
     oe_k: int
     dgrad_seed: torch.Tensor
@@ -213,8 +213,10 @@ class AdaHOPLinear(nn.Linear):
         """The (X and W, dY, saved Xᵀ and Wᵀ) quantization specs, built when the signs buffer is
         set (here and after ``.to()``) rather than on every forward."""
         r, signs = self.recipe, self.hadamard_signs
-        self._specs = tuple(
-            r.quant_spec(rounding, signs) for rounding in (r.rounding, r.grad_rounding, r.backward_rounding)
+        self._specs = (
+            r.quant_spec(r.rounding, signs, forward=True),
+            r.quant_spec(r.grad_rounding, signs),
+            r.quant_spec(r.backward_rounding, signs),
         )
 
     def _apply(self, fn, recurse: bool = True):
