@@ -71,3 +71,28 @@ def test_quantized_operands_are_bit_exact_with_the_reference():
             with ops.reference_only():
                 ref = prepare_operand(t, strategy, "L", spec, seed=3).quantized
             assert torch.equal(fast.data, ref.data) and torch.equal(fast.scales, ref.scales)
+
+
+@pytest.mark.parametrize("plan", PLANS, ids=lambda p: "-".join(s.value for s in p.strategies().values()))
+def test_an_8bit_forward_runs_its_kernels_and_matches_the_reference(plan):
+    """``recipe.forward_fmt = "mxfp8_e4m3"``: the forward's operands quantized by the Triton kernels in
+    E4M3, its GEMM on the reference route; dgrad and wgrad on the MXFP4 kernels as before."""
+    torch.manual_seed(0)
+    recipe = {"name": "adahop_lv1", "oe_k": 16, "forward_fmt": "mxfp8_e4m3"}
+    layer = AdaHOPLinear(512, 384, bias=False, device="cuda", dtype=torch.bfloat16, recipe=recipe)
+    layer.set_plan(plan)
+    x = torch.randn(1024, 512, device="cuda", dtype=torch.bfloat16)
+    x[:, 3] *= 30.0
+    g = torch.randn(1024, 384, device="cuda", dtype=torch.bfloat16)
+    fast = run_layer(layer, x, g, seed=7)
+    with ops.reference_only():
+        ref = run_layer(copy.deepcopy(layer), x, g, seed=7)
+    for name, a, b in zip(("forward", "dgrad", "wgrad"), fast, ref):
+        assert rel(a, b) < 1e-2, (name, rel(a, b))
+    exact = x.float() @ layer.weight.float().T
+    four = AdaHOPLinear(
+        512, 384, bias=False, device="cuda", dtype=torch.bfloat16, recipe={**recipe, "forward_fmt": None}
+    )
+    four.weight.data.copy_(layer.weight.data)
+    four.set_plan(plan)
+    assert rel(fast[0], exact) < rel(run_layer(four, x, g, seed=7)[0], exact)  # 8 bits beat 4 in the forward
