@@ -163,5 +163,14 @@ def test_step_bench_selects_cases_and_runs_by_name():
     assert one.runs == (("bf16", "compile"),) and three.runs == (("bf16", "compile"), ("adahop_lv2", "eager"))
     with pytest.raises(ValueError, match="unknown step run 'bf16/turbo'"):
         select_cases(["llama3_1b_4x2048"], ["bf16/turbo"])
+    # every registered recipe can be benched, not only the paper's
+    from adahop.recipes import RECIPES
+
+    runs = [f"{name}/compile" for name in RECIPES]
+    (case,) = select_cases(["llama3_1b_8x2048"], runs)
+    assert (
+        case.runs == tuple((name, "compile") for name in RECIPES)
+        and ("adahop_lv1_bf16_forward", "compile") in case.runs
+    )
     with pytest.raises(ValueError, match="choose from"):
         select_cases(["llama3_70b_4x2048"])

@@ -79,7 +79,10 @@ def test_a_recipe_with_changed_fields_is_its_own_group(tmp_path):
     plain = compare.read_run(fake_run(tmp_path, "adahop_lv2", 0, 2.7))
     ablated = compare.read_run(fake_run(tmp_path, "adahop_lv2", 0, 2.7, extra='bf16_gemms = ["wgrad"]'))
     assert list(compare.group_runs([plain, ablated])) == ["adahop_lv2", "adahop_lv2 (bf16_gemms=['wgrad'])"]
-    # the per-run table names each run by the same label as its group
+    # the per-run table names each run by the same label as its group, in the .md and on the terminal
+    stem = tmp_path / "cmp"
+    assert adahop_main(["compare", str(plain.path), str(ablated.path), "--out", str(stem)]) == 0
+    assert "| adahop_lv2 (bf16_gemms=['wgrad']) | 0 |" in stem.with_suffix(".md").read_text()
     assert [row["label"] for row in compare.comparison_rows([plain, ablated])] == list(
         compare.group_runs([plain, ablated])
     )
@@ -171,3 +174,12 @@ def test_summary_gives_every_gap_to_a_chosen_recipe_paired_by_seed(seed_runs, tm
     assert json.loads(out.read_text())["against"] == ["adahop_lv2"]
     assert script.main([*map(str, seed_runs), "--against", "adahop_lv9"]) == 2
     assert "--against 'adahop_lv9' is not a recipe of these runs" in capsys.readouterr().err
+
+
+def test_labels_print_whole_and_as_text_on_the_terminal(tmp_path, capsys, monkeypatch):
+    """A pattern such as ``[wq]`` in a label is text, not Rich markup, and a long label wraps, not cut."""
+    monkeypatch.setenv("COLUMNS", "200")
+    run = fake_run(tmp_path, "adahop_lv2", 0, 2.7, extra='bf16_gemms = ["wgrad@[wq]"]')
+    assert adahop_main(["compare", str(run), "--out", str(tmp_path / "cmp")]) == 0
+    out = capsys.readouterr().out
+    assert out.count("adahop_lv2 (bf16_gemms=['wgrad@[wq]'])") == 2  # the run table and the recipe table

@@ -147,3 +147,18 @@ def test_ready_made_config_loads_through_torchtitans_cli():
     assert config.training.steps == 300
     kinds = [type(c) for _, c, _, _ in config.model_spec.model.traverse(Linear.Config)]
     assert kinds.count(AdaHOPTitanLinear.Config) == 6 * 5 and kinds.count(Linear.Config) == 1  # the LM head
+
+
+def test_scoped_bf16_gemms_and_bf16_layers_reach_the_built_layers_and_a_typo_is_an_error(tmp_path):
+    """``ROLE@PATTERN`` and ``bf16_layers`` act on torchtitan's module names, as in ``convert_model``."""
+    recipe = tmp_path / "scoped.toml"
+    recipe.write_text('name = "mxfp4"\nbf16_gemms = ["forward@*.attention.*"]\nbf16_layers = ["layers.0.*"]\n')
+    model = build(debug_config(2, recipe))
+    kept = {name: m.bf16_gemms for name, m in model.named_modules() if isinstance(m, AdaHOPLinear)}
+    assert kept["layers.0.feed_forward.w2"] == ("forward", "dgrad", "wgrad")
+    assert kept["layers.1.attention.qkv_linear.wqkv"] == ("forward",)
+    assert kept["layers.1.feed_forward.w2"] == ()
+    typo = tmp_path / "typo.toml"
+    typo.write_text('name = "mxfp4"\nbf16_gemms = ["dgrad@*.nosuchlayer"]\n')
+    with pytest.raises(ValueError, match="'dgrad@\\*.nosuchlayer' matches no converted layer"):
+        debug_config(2, typo)

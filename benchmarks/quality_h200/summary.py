@@ -1,7 +1,7 @@
 """Summary of quality-study runs: final validation loss and ``adahop eval`` held-out loss per run,
 and per recipe across seeds with the gap to BF16 (paired by seed where possible).
 
-    python benchmarks/quality_h200/summary.py OUT [OUT ...] [--json FILE] [--against LABEL ...]
+    python benchmarks/quality_h200/summary.py OUT [OUT ...] [--json FILE] [--against LABEL] [--against LABEL2]
 
 Each argument is an ``$OUT`` folder of ``benchmarks/quality_h200.sh`` (its ``runs/*`` are read) or
 one run directory. A run contributes its final validation loss (``metrics.jsonl``, the trainer's

@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from ..atomic import save_figure, write_atomic
@@ -266,10 +267,10 @@ def markdown_table(rows: list[dict]) -> str:
 def print_table(rows: list[dict], console: Console) -> None:
     table = Table(title="final losses (train: mean of the last 10% of logged steps; gap: to bf16 of the same seed)")
     for col in ("recipe", "seed", "steps", "train loss", "val loss", "train gap", "val gap"):
-        table.add_column(col, justify="left" if col == "recipe" else "right")
+        table.add_column(col, justify="left" if col == "recipe" else "right", overflow="fold")  # whole labels
     for r in rows:
         table.add_row(
-            r["label"],
+            escape(r["label"]),  # labels hold "[...]" (bf16_gemms=['wgrad']): text, not markup
             str(r["seed"]),
             str(r["steps"]),
             _fmt(r["final_train_loss"]),
@@ -318,10 +319,10 @@ def print_recipe_table(rows: list[dict], console: Console) -> None:
     table = Table(title=f"by recipe across seeds (inside the noise: |gap| < {NOISE_SIGMAS:g} s.e.)")
     for i in keep:
         col = RECIPE_HEAD[i]
-        table.add_column(col, justify="right" if col in ("n",) or "±" in col else "left")
+        table.add_column(col, justify="right" if col in ("n",) or "±" in col else "left", overflow="fold")
     for r in rows:
         cells = _recipe_cells(r)
-        table.add_row(*(cells[i] for i in keep))
+        table.add_row(*(escape(cells[i]) for i in keep))
     console.print(table)
 
 

@@ -24,8 +24,8 @@ def convert_model(
     """Replace every ``nn.Linear`` (except excluded ones) by an ``AdaHOPLinear`` sharing its parameters.
 
     Args:
-        recipe: a registered name (``bf16``, ``mxfp4``, ``mxfp4_hadamard``, ``adahop_lv1``,
-            ``adahop_lv2``), a ``Recipe``, a dict of recipe fields or a .toml/.json path.
+        recipe: a registered name (``adahop.RECIPES``, e.g. ``adahop_lv2``), a ``Recipe``, a dict
+            of recipe fields or a .toml/.json path.
         filter_fn: ``filter_fn(module, fqn) -> bool``; modules it rejects stay ``nn.Linear``.
             Modules matching ``recipe.exclude`` (the LM head by default) always stay; those
             matching ``recipe.bf16_layers`` are converted with all three GEMMs in BF16, and
@@ -45,7 +45,7 @@ def convert_model(
         and not name_matches(name, recipe.exclude)
         and (filter_fn is None or filter_fn(module, name))
     ]
-    _check_patterns(recipe, [name for name, _ in targets])
+    check_patterns(recipe, [name for name, _ in targets])
     for layer_id, (name, linear) in enumerate(targets):
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
@@ -56,7 +56,7 @@ def convert_model(
     return model
 
 
-def _check_patterns(recipe: Recipe, names: list[str]) -> None:
+def check_patterns(recipe: Recipe, names: list[str]) -> None:
     """A ``bf16_layers`` or ``bf16_gemms`` (ROLE@PATTERN) pattern that matches no converted layer
     is a typo, not an ablation."""
     checks = [(f"bf16_layers pattern {p!r}", p) for p in recipe.bf16_layers]
@@ -75,7 +75,7 @@ def _convert_root(
     """``convert_model`` of a model that is itself an ``nn.Linear`` (its name is ``""``)."""
     if filter_fn is not None and not filter_fn(linear, ""):
         return linear
-    _check_patterns(recipe, [""])
+    check_patterns(recipe, [""])
     layer = AdaHOPLinear.from_linear(linear, recipe, bf16_gemms=recipe.bf16_gemms_for(""))
     if plan is not None:
         load_plan(layer, plan)

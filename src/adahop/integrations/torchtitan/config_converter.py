@@ -13,6 +13,7 @@ from torchtitan.components.quantization import QuantizationConverter
 from torchtitan.models.common.linear import Linear
 from torchtitan.protocols.module import Module
 
+from ...nn.convert import check_patterns
 from ...nn.linear import AdaHOPLinear
 from ...recipes import get_recipe
 from .filter import DEFAULT_MIN_FEATURES, should_convert
@@ -26,6 +27,8 @@ class AdaHOPTitanLinear(AdaHOPLinear, Module):
         recipe: str = "adahop_lv2"
         """A registered adahop recipe name or a .toml/.json recipe file."""
         layer_id: int = 0
+        bf16_gemms: tuple[str, ...] | None = None
+        """The GEMMs this layer keeps in BF16 (``recipe.bf16_gemms_for`` of its module name)."""
 
     def __init__(self, config: Config) -> None:
         AdaHOPLinear.__init__(
@@ -35,6 +38,7 @@ class AdaHOPTitanLinear(AdaHOPLinear, Module):
             config.bias,
             recipe=config.recipe,
             layer_id=config.layer_id,
+            bf16_gemms=config.bf16_gemms,
         )
 
 
@@ -64,20 +68,24 @@ class AdaHOPConverter(QuantizationConverter):
 
     def convert(self, model_config: Module.Config) -> Module.Config:
         c = self.config
-        layer_id = 0
+        converted: list[str] = []
         for fqn, linear, parent, attr in model_config.traverse(Linear.Config):
             if type(linear) is not Linear.Config:  # a subclass has its own forward: leave it
                 continue
             if not should_convert(fqn, linear.in_features, linear.out_features, self.recipe, c.exclude, c.min_features):
                 continue
             new = AdaHOPTitanLinear.Config(
-                **{f.name: getattr(linear, f.name) for f in fields(linear)}, recipe=c.recipe, layer_id=layer_id
+                **{f.name: getattr(linear, f.name) for f in fields(linear)},
+                recipe=c.recipe,
+                layer_id=len(converted),
+                bf16_gemms=self.recipe.bf16_gemms_for(fqn),
             )
-            layer_id += 1
+            converted.append(fqn)
             if parent is None:
                 model_config = new
             elif isinstance(parent, list):
                 parent[attr] = new
             else:
                 setattr(parent, attr, new)
+        check_patterns(self.recipe, converted)  # a bf16_layers / ROLE@PATTERN typo is an error, as in convert_model
         return model_config
