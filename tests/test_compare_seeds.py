@@ -183,3 +183,25 @@ def test_labels_print_whole_and_as_text_on_the_terminal(tmp_path, capsys, monkey
     assert adahop_main(["compare", str(run), "--out", str(tmp_path / "cmp")]) == 0
     out = capsys.readouterr().out
     assert out.count("adahop_lv2 (bf16_gemms=['wgrad@[wq]'])") == 2  # the run table and the recipe table
+
+
+def test_against_gives_every_recipe_its_gap_to_a_chosen_one(seed_runs, tmp_path, capsys):
+    """``adahop compare --against LABEL``: an ablation read against its base recipe, paired by seed."""
+    stem = tmp_path / "cmp"
+    assert adahop_main(["compare", *map(str, seed_runs), "--out", str(stem), "--against", "adahop_lv2"]) == 0
+    rows = {r["recipe"]: r for r in json.loads(stem.with_name("cmp-recipes.json").read_text())}
+    diffs = [a - b for a, b in zip(MXFP4, LV2)]
+    g = rows["mxfp4"]["against"]
+    assert g["recipe"] == "adahop_lv2" and g["pairing"] == "paired"
+    assert (g["gap"], g["stderr"]) == pytest.approx((statistics.fmean(diffs), statistics.stdev(diffs) / math.sqrt(3)))
+    assert rows["bf16"]["against"]["gap"] == pytest.approx(-statistics.fmean([a - b for a, b in zip(LV2, BF16)]))
+    assert "against" not in rows["adahop_lv2"]
+    md = stem.with_suffix(".md").read_text()
+    assert "| recipe | n | val gap to adahop_lv2 (± s.e.) | verdict |" in md and md.count("\n| mxfp4 | 3 |") == 2
+    assert "gap to adahop_lv2" in capsys.readouterr().out
+    # the summary script agrees with the command
+    summary = load_summary_script().summarize([str(p) for p in seed_runs], against=["adahop_lv2"])
+    by_recipe = {r["recipe"]: r for r in summary["recipes"]}
+    assert by_recipe["mxfp4"]["against"]["adahop_lv2"]["val"]["gap"] == pytest.approx(g["gap"])
+    assert adahop_main(["compare", *map(str, seed_runs), "--out", str(stem), "--against", "lv9"]) == 2
+    assert "--against 'lv9' is not a recipe of these runs" in capsys.readouterr().err

@@ -6,7 +6,8 @@ standard error, paired by seed when every seed has a BF16 run (else the two mean
 a gap smaller than ``NOISE_SIGMAS`` standard errors is marked as inside the noise. Runs that
 share a seed (other ``training.rounding_seed_offset`` streams, reruns) are averaged into their
 seed, and their spread is reported as the noise at a fixed seed. The plot draws each group's
-mean curve with a band of one standard deviation across its runs.
+mean curve with a band of one standard deviation across its runs. ``--against LABEL`` also gives
+every group's gap to that group, by the same rules: an ablation against the recipe it changes.
 """
 
 from __future__ import annotations
@@ -121,10 +122,13 @@ def _verdict(gap: float, se: float | None) -> str:
     return "inside the noise" if abs(gap) < NOISE_SIGMAS * se else "beyond the noise"
 
 
-def recipe_rows(runs: list[RunRecord]) -> list[dict]:
+def recipe_rows(runs: list[RunRecord], against: str | None = None) -> list[dict]:
     """One row per recipe: final validation loss over its seeds (runs of one seed averaged), the
-    spread of runs that share a seed, and the gap to the BF16 recipe."""
+    spread of runs that share a seed, and the gap to the BF16 recipe; ``against``: a recipe label
+    whose gap every other row also gets (``row["against"]``), e.g. an ablation's base recipe."""
     groups = group_runs(runs)
+    if against is not None and against not in groups:
+        raise ValueError(f"--against {against!r} is not a recipe of these runs; the recipes are {list(groups)}")
     base = _bf16_group(groups)
     rows = []
     for label, rs in groups.items():
@@ -151,6 +155,11 @@ def recipe_rows(runs: list[RunRecord]) -> list[dict]:
             }
         elif label == base:
             row |= {"val_gap_to_bf16": 0.0, "verdict": "baseline"}
+        if against is not None and label != against:
+            finals = ((r.seed, r.final_val_loss()) for r in rs)
+            row["against"] = {"recipe": against} | gap_between(
+                finals, ((b.seed, b.final_val_loss()) for b in groups[against])
+            )
         rows.append(row)
     return rows
 
@@ -309,6 +318,23 @@ def recipe_markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _against_cells(row: dict) -> list[str]:
+    """recipe, n, gap to the ``against`` recipe ± standard error, verdict."""
+    g = row["against"]
+    return [row["recipe"], str(row["n"]), _pm(g["gap"], g["stderr"], signed=True), f"{g['verdict']} ({g['pairing']})"]
+
+
+def against_markdown(rows: list[dict]) -> str:
+    """The gap of every recipe to the ``against`` one (empty without it)."""
+    rows = [r for r in rows if "against" in r]
+    if not rows:
+        return ""
+    label = rows[0]["against"]["recipe"]
+    lines = [f"| recipe | n | val gap to {label} (± s.e.) | verdict |", "|---|---:|---:|---|"]
+    lines += ["| " + " | ".join(_against_cells(r)) + " |" for r in rows]
+    return "\n".join(lines)
+
+
 def print_recipe_table(rows: list[dict], console: Console) -> None:
     # The same-seed column only where runs share a seed: a terminal has less room than a file.
     keep = [
@@ -324,17 +350,27 @@ def print_recipe_table(rows: list[dict], console: Console) -> None:
         cells = _recipe_cells(r)
         table.add_row(*(escape(cells[i]) for i in keep))
     console.print(table)
+    against = [r for r in rows if "against" in r]
+    if against:
+        table = Table(title=f"gap to {against[0]['against']['recipe']}, paired by seed where it can be")
+        for col in ("recipe", "n", "val gap (± s.e.)", "verdict"):
+            table.add_column(col, justify="left" if col in ("recipe", "verdict") else "right", overflow="fold")
+        for r in against:
+            table.add_row(*(escape(c) for c in _against_cells(r)))
+        console.print(table)
 
 
-def compare(run_dirs: list[str | Path], out: str | Path) -> tuple[list[dict], list[dict]]:
+def compare(run_dirs: list[str | Path], out: str | Path, against: str | None = None) -> tuple[list[dict], list[dict]]:
     """Write ``<out>.png``, ``<out>.md``, ``<out>.json`` (one row per run) and
-    ``<out>-recipes.json`` (one row per recipe); returns both lists of rows."""
+    ``<out>-recipes.json`` (one row per recipe); returns both lists of rows. ``against``: a recipe
+    label every other recipe is also compared with (``recipe_rows``)."""
     runs = [read_run(d) for d in run_dirs]
+    rows, recipes = comparison_rows(runs), recipe_rows(runs, against)
     out = Path(out).with_suffix("")
     out.parent.mkdir(parents=True, exist_ok=True)
-    rows, recipes = comparison_rows(runs), recipe_rows(runs)
     plot_runs(runs, out.with_suffix(".png"))
-    write_atomic(out.with_suffix(".md"), markdown_table(rows) + "\n\n" + recipe_markdown(recipes) + "\n")
+    tables = [markdown_table(rows), recipe_markdown(recipes), against_markdown(recipes)]
+    write_atomic(out.with_suffix(".md"), "\n\n".join(t for t in tables if t) + "\n")
     write_atomic(out.with_suffix(".json"), json.dumps(rows, indent=2) + "\n")
     write_atomic(out.with_name(out.name + "-recipes.json"), json.dumps(recipes, indent=2) + "\n")
     return rows, recipes
@@ -344,10 +380,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="adahop compare", description=__doc__)
     parser.add_argument("runs", nargs="+", help="run directories written by 'adahop train'")
     parser.add_argument("--out", default="compare", help="output path stem (default: ./compare)")
+    parser.add_argument(
+        "--against",
+        metavar="LABEL",
+        help="also give every recipe's gap to this one (a label of the recipe table, e.g. adahop_lv1)",
+    )
     args = parser.parse_args(argv)
     console = Console()
     try:
-        rows, recipes = compare(args.runs, args.out)
+        rows, recipes = compare(args.runs, args.out, args.against)
     except (FileNotFoundError, ValueError) as e:
         print(f"adahop compare: error: {e}", file=sys.stderr)
         return 2
