@@ -23,7 +23,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from adahop.analysis.compare import NOISE_SIGMAS, gap_between, group_runs, seed_means
+from adahop.analysis.compare import NOISE_SIGMAS, bf16_group, gap_between, group_runs, seed_means
 from adahop.analysis.runs import read_run
 from adahop.atomic import write_atomic
 
@@ -83,7 +83,12 @@ def summarize(paths: list[str], against: list[str] | tuple[str, ...] = ()) -> di
     unknown = [label for label in against if label not in groups]
     if unknown:
         raise ValueError(f"--against {unknown[0]!r} is not a recipe of these runs; the recipes are {list(groups)}")
-    base = next((rs for rs in groups.values() if rs[0].recipe == "bf16"), None)
+    base = bf16_group(groups)
+    # (seed, value) of every run, by quantity (final validation loss, held-out eval loss) and recipe
+    by_key = {
+        key: {g: [(r.seed, value(r)) for r in group] for g, group in groups.items()}
+        for key, value in (("val", val), ("eval", ev))
+    }
     per_recipe = []
     for label, rs in groups.items():
         row = {
@@ -92,20 +97,20 @@ def summarize(paths: list[str], against: list[str] | tuple[str, ...] = ()) -> di
             "n": len(rs),
             "seeds": sorted((r.seed for r in rs), key=str),
         }
-        for key, value in (("val", val), ("eval", ev)):
-            mine, same_seed_std = seed_means((r.seed, value(r)) for r in rs)
+        for key, samples in by_key.items():
+            mine, same_seed_std = seed_means(samples[label])
             if not mine:
                 continue
             values = list(mine.values())
             row[f"{key}_mean"] = statistics.fmean(values)
             row[f"{key}_std"] = statistics.stdev(values) if len(values) > 1 else None
             row[f"{key}_same_seed_std"] = same_seed_std
-            if base is not None and rs is not base and seed_means((b.seed, value(b)) for b in base)[0]:
-                row[f"{key}_gap"] = gap_between(((r.seed, value(r)) for r in rs), ((b.seed, value(b)) for b in base))
+            if base is not None and label != base and seed_means(samples[base])[0]:
+                row[f"{key}_gap"] = gap_between(samples[label], samples[base])
             for other in against:
-                if other != label and seed_means((b.seed, value(b)) for b in groups[other])[0]:
+                if other != label and seed_means(samples[other])[0]:
                     row.setdefault("against", {}).setdefault(other, {})[key] = gap_between(
-                        ((r.seed, value(r)) for r in rs), ((b.seed, value(b)) for b in groups[other])
+                        samples[label], samples[other]
                     )
         per_recipe.append(row)
     return {"runs": per_run, "recipes": per_recipe, "against": list(against)}

@@ -129,10 +129,14 @@ def recipe_rows(runs: list[RunRecord], against: str | None = None) -> list[dict]
     groups = group_runs(runs)
     if against is not None and against not in groups:
         raise ValueError(f"--against {against!r} is not a recipe of these runs; the recipes are {list(groups)}")
-    base = _bf16_group(groups)
+    base = bf16_group(groups)
+
+    def finals(label: str) -> list[Sample]:
+        return [(r.seed, r.final_val_loss()) for r in groups[label]]
+
     rows = []
     for label, rs in groups.items():
-        values, same_seed_std = seed_means((r.seed, r.final_val_loss()) for r in rs)
+        values, same_seed_std = seed_means(finals(label))
         mean, std = _mean_std(list(values.values()))
         row = {
             "recipe": label,
@@ -144,9 +148,7 @@ def recipe_rows(runs: list[RunRecord], against: str | None = None) -> list[dict]
             "same_seed_std": same_seed_std,
         }
         if base is not None and label != base:
-            g = gap_between(
-                ((r.seed, r.final_val_loss()) for r in rs), ((b.seed, b.final_val_loss()) for b in groups[base])
-            )
+            g = gap_between(finals(label), finals(base))
             row |= {
                 "val_gap_to_bf16": g["gap"],
                 "gap_stderr": g["stderr"],
@@ -156,10 +158,7 @@ def recipe_rows(runs: list[RunRecord], against: str | None = None) -> list[dict]
         elif label == base:
             row |= {"val_gap_to_bf16": 0.0, "verdict": "baseline"}
         if against is not None and label != against:
-            finals = ((r.seed, r.final_val_loss()) for r in rs)
-            row["against"] = {"recipe": against} | gap_between(
-                finals, ((b.seed, b.final_val_loss()) for b in groups[against])
-            )
+            row["against"] = {"recipe": against} | gap_between(finals(label), finals(against))
         rows.append(row)
     return rows
 
@@ -180,7 +179,8 @@ def _plot_band(ax, curves: list[tuple[list[int], list[float]]], color: str, labe
     )
 
 
-def _bf16_group(groups: dict[str, list[RunRecord]]) -> str | None:
+def bf16_group(groups: dict[str, list[RunRecord]]) -> str | None:
+    """The label of the BF16 recipe's group (``group_runs``), if the runs have one."""
     return next((g for g, rs in groups.items() if rs[0].recipe == "bf16"), None)
 
 
@@ -189,7 +189,7 @@ def paired_val_gaps(runs: list[RunRecord]) -> dict[str, tuple[list[int], list[fl
     the same seed (``gap_between``, paired) and the standard error (0 for one seed). Recipes with a
     seed that BF16 lacks are left out."""
     groups = group_runs(runs)
-    base = _bf16_group(groups)
+    base = bf16_group(groups)
     if base is None:
         return {}
     gaps = {}
