@@ -218,11 +218,22 @@ def plot_runs(runs: list[RunRecord], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from matplotlib.lines import Line2D
+
     gaps = paired_val_gaps(runs)
-    fig, axes = plt.subplots(1, 3 if gaps else 2, figsize=(19 if gaps else 13, 4.8))
+    groups = group_runs(runs)
+    # One legend under the panels (a legend per panel hid the curves once ablation labels grew long), and a
+    # palette with a colour per recipe up to 20.
+    legend_cols = 2 if len(groups) > 4 else len(groups)
+    legend_rows = math.ceil(len(groups) / max(legend_cols, 1))
+    height = 4.8 + 0.18 * legend_rows
+    fig, axes = plt.subplots(1, 3 if gaps else 2, figsize=(19 if gaps else 13, height))
     ax_train, ax_val = axes[0], axes[1]
-    for i, (label, rs) in enumerate(group_runs(runs).items()):
-        color, name = f"C{i}", label if len(rs) == 1 else f"{label} (n={len(rs)})"
+    palette = plt.get_cmap("tab10" if len(groups) <= 10 else "tab20").colors
+    handles = []
+    for i, (label, rs) in enumerate(groups.items()):
+        color, name = palette[i % len(palette)], label if len(rs) == 1 else f"{label} (n={len(rs)})"
+        handles.append(Line2D([], [], color=color, marker="o", markersize=3, label=name))
         for r in rs:
             ax_train.plot(r.train_steps, r.train_loss, color=color, alpha=0.15, linewidth=0.8)
         if any(r.train_steps for r in rs):
@@ -239,14 +250,14 @@ def plot_runs(runs: list[RunRecord], path: Path) -> None:
         axes[2].set(title="validation gap to BF16, same seed (bars: ±1 s.e.)", xlabel="step", ylabel="loss - BF16")
     for ax in axes:
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+    fig.legend(handles=handles, loc="lower center", ncol=max(legend_cols, 1), fontsize=8, frameon=False)
     # Zoom the train panel on the second half, where the recipes separate.
     tails = [v for r in runs for v in _ema(r.train_loss)[len(r.train_loss) // 2 :]]
     if tails:
         lo, hi = min(tails), max(tails)
         pad = 0.5 * (hi - lo) + 1e-3
         ax_train.set_ylim(lo - pad, hi + 4 * pad)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, (0.18 * legend_rows + 0.15) / height, 1, 1))
     save_figure(fig, path, dpi=120)
     plt.close(fig)
 
