@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from adahop import DEFAULT_RECIPE
 from adahop.atomic import atomic_file, remove_stale_temp_files
 from adahop.train import CheckpointError, ConfigError, Trainer, latest_checkpoint, load_config, read_metrics
 from adahop.train import metrics as metrics_module
@@ -91,7 +92,7 @@ def test_nan_at_the_first_calibration_step_of_a_new_run(small_overrides, tmp_pat
     argv = as_argv(small_overrides(tmp_path / "run", recipe__calibration_steps=8, **overrides))
     assert main(argv) == 1
     line = error_line(capsys.readouterr().err)
-    bad = re.search(r"NaN or Inf at step (\d+) with recipe 'adahop_lv2'", line)
+    bad = re.search(rf"NaN or Inf at step (\d+) with recipe '{DEFAULT_RECIPE}'", line)
     assert bad and int(bad.group(1)) >= 2 and "none written yet; lower --optim.lr" in line, line
 
 

@@ -60,3 +60,26 @@ def test_bad_values_list_the_choices(fields, match):
 def test_unknown_name_lists_valid_recipes():
     with pytest.raises(ValueError, match="adahop_lv2"):
         get_recipe("adahop_lv3")
+
+
+def test_the_default_recipe_is_the_one_at_bf16s_loss_everywhere_a_recipe_can_be_left_out():
+    """docs/quality.md (phases 4-5): lv1 with its forward GEMMs in BF16, dgrad and wgrad MXFP4."""
+    from torch import nn
+
+    from adahop import DEFAULT_RECIPE, AdaHOPLinear, convert_model
+    from adahop.train.config import TrainConfig
+
+    default = get_recipe(DEFAULT_RECIPE)
+    assert (DEFAULT_RECIPE, default.bf16_gemms, get_table(default.table)) == (
+        "adahop_lv1_bf16_forward",
+        ("forward",),
+        LEVEL1,
+    )
+    assert AdaHOPLinear(64, 32).recipe is default
+    assert AdaHOPLinear.from_linear(nn.Linear(64, 32)).recipe is default
+    model = convert_model(nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64)))
+    assert [m.recipe for m in model] == [default, default]
+    assert [m.bf16_gemms for m in model] == [("forward",), ("forward",)]
+    assert TrainConfig().recipe is default
+    # A recipe table or file that names no base starts from the default, as the trainer's overrides do.
+    assert Recipe.from_dict({"oe_k": 32}) == dataclasses.replace(default, oe_k=32)

@@ -14,7 +14,7 @@ from torch.nn.attention.flex_attention import create_block_mask
 pytest.importorskip("torchtitan")
 titan = pytest.importorskip("adahop.integrations.torchtitan")
 
-from adahop import AdaHOPLinear, model_plan  # noqa: E402
+from adahop import DEFAULT_RECIPE, AdaHOPLinear, model_plan  # noqa: E402
 
 pytestmark = pytest.mark.skipif(titan.API != "0.3", reason="torchtitan 0.3 API tests")
 
@@ -69,7 +69,8 @@ def test_converter_swaps_block_linears_and_keeps_the_lm_head():
     layers = {name: m for name, m in model.named_modules() if isinstance(m, AdaHOPLinear)}
     assert sorted(layers) == sorted(converted)
     assert sorted(m.layer_id for m in layers.values()) == list(range(len(converted)))
-    assert all(m.calibrating and m.recipe.name == "adahop_lv2" for m in layers.values())
+    assert all(m.calibrating and m.recipe.name == DEFAULT_RECIPE for m in layers.values())
+    assert {m.bf16_gemms for m in layers.values()} == {("forward",)}  # the default's, through the converter
 
     small = model_registry("debugmodel", converters=[AdaHOPConverter.Config(min_features=512)])
     assert not any(type(c) is AdaHOPTitanLinear.Config for _, c, _, _ in small.model.traverse(Linear.Config))

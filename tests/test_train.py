@@ -47,9 +47,9 @@ def as_argv(pairs: list[tuple[str, str]]) -> list[str]:
 # ---- config ---------------------------------------------------------------------------------
 def test_defaults_are_the_cpu_quickstart():
     cfg = TrainConfig()
-    assert (cfg.model.preset, cfg.recipe.name, cfg.data.source) == ("tiny", "adahop_lv2", "stdlib")
+    assert (cfg.model.preset, cfg.recipe.name, cfg.data.source) == ("tiny", "adahop_lv1_bf16_forward", "stdlib")
     assert cfg.recipe.calibration_steps == 30
-    assert cfg.run_dir == Path("runs/tiny-adahop_lv2")
+    assert cfg.run_dir == Path("runs/tiny-adahop_lv1_bf16_forward")
 
 
 def test_toml_round_trip_and_precedence(tmp_path):

@@ -17,12 +17,13 @@ The layers, from numbers up:
 from .formats import MXTensor, quantize_mx
 from .nn import AdaHOPLinear, convert_model, load_plan, model_plan
 from .policy import detect_pattern, pattern_stats
-from .recipes import RECIPES, Recipe, get_recipe
+from .recipes import DEFAULT_RECIPE, RECIPES, Recipe, get_recipe
 from .transforms import hadamard_transform
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "DEFAULT_RECIPE",
     "RECIPES",
     "AdaHOPLinear",
     "MXTensor",

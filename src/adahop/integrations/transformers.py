@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..nn.convert import adahop_layers, convert_model, model_plan
 from ..policy.calibration import ModelPlan
-from ..recipes import Recipe
+from ..recipes import DEFAULT_RECIPE, Recipe
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -38,7 +38,7 @@ def save_pretrained(model: PreTrainedModel, path: str | Path, **kwargs: Any) -> 
 
 
 def from_pretrained(
-    model_cls: type, path: str | Path, recipe: str | Recipe | dict = "adahop_lv2", **kwargs: Any
+    model_cls: type, path: str | Path, recipe: str | Recipe | dict = DEFAULT_RECIPE, **kwargs: Any
 ) -> PreTrainedModel:
     """``model_cls.from_pretrained(path)`` converted with ``recipe``, frozen from
     ``path/adahop_plan.json`` when the folder has one (otherwise it calibrates)."""

@@ -8,7 +8,7 @@ from pathlib import Path
 from torch import nn
 
 from ..policy.calibration import ModelPlan
-from ..recipes import Recipe, get_recipe, name_matches, split_bf16_gemm
+from ..recipes import DEFAULT_RECIPE, Recipe, get_recipe, name_matches, split_bf16_gemm
 from .linear import AdaHOPLinear
 
 ModuleFilter = Callable[[nn.Module, str], bool]
@@ -16,7 +16,7 @@ ModuleFilter = Callable[[nn.Module, str], bool]
 
 def convert_model(
     model: nn.Module,
-    recipe: str | Recipe | dict = "adahop_lv2",
+    recipe: str | Recipe | dict = DEFAULT_RECIPE,
     *,
     filter_fn: ModuleFilter | None = None,
     plan: ModelPlan | str | Path | None = None,
@@ -24,7 +24,7 @@ def convert_model(
     """Replace every ``nn.Linear`` (except excluded ones) by an ``AdaHOPLinear`` sharing its parameters.
 
     Args:
-        recipe: a registered name (``adahop.RECIPES``, e.g. ``adahop_lv2``), a ``Recipe``, a dict
+        recipe: a registered name (``adahop.RECIPES``; default ``DEFAULT_RECIPE``), a ``Recipe``, a dict
             of recipe fields or a .toml/.json path.
         filter_fn: ``filter_fn(module, fqn) -> bool``; modules it rejects stay ``nn.Linear``.
             Modules matching ``recipe.exclude`` (the LM head by default) always stay; those

@@ -37,7 +37,7 @@ from ..formats import QuantSpec
 from ..gemm.operand import GemmOperand, prepare_operand, prepare_weight_tiles
 from ..policy.calibration import PatternVotes, attach_pattern_hooks, votes_paused
 from ..policy.strategies import GEMMS, ROLES, LayerPlan, Strategy
-from ..recipes import Recipe, get_recipe
+from ..recipes import DEFAULT_RECIPE, Recipe, get_recipe
 from ..transforms import random_signs
 from .state import decode_state, encode_state, new_state
 
@@ -132,7 +132,7 @@ class AdaHOPLinear(nn.Linear):
         device=None,
         dtype=None,
         *,
-        recipe: str | Recipe = "adahop_lv2",
+        recipe: str | Recipe = DEFAULT_RECIPE,
         layer_id: int = 0,
         bf16_gemms: tuple[str, ...] | None = None,
     ) -> None:
@@ -164,7 +164,7 @@ class AdaHOPLinear(nn.Linear):
     def from_linear(
         cls,
         linear: nn.Linear,
-        recipe: str | Recipe = "adahop_lv2",
+        recipe: str | Recipe = DEFAULT_RECIPE,
         layer_id: int = 0,
         bf16_gemms: tuple[str, ...] | None = None,
     ) -> AdaHOPLinear:

@@ -2,7 +2,7 @@
 
 A config is built in layers, each overriding the last (as in torchtitan):
 
-1. the defaults below (``adahop train`` with no arguments: ``tiny`` + ``adahop_lv2`` on the
+1. the defaults below (``adahop train`` with no arguments: ``tiny`` + ``DEFAULT_RECIPE`` on the
    embedded corpus, a few minutes on a 2-core CPU);
 2. a TOML file (``--config FILE.toml``), one table per section::
 
@@ -39,7 +39,7 @@ from typing import Any
 
 from ..data import EMBEDDED_SOURCE
 from ..models import ModelArgs, get_model_args
-from ..recipes import Recipe, get_recipe
+from ..recipes import DEFAULT_RECIPE, Recipe, get_recipe
 
 DEVICES = ("auto", "cpu", "cuda")
 RUNS_DIR = "runs"
@@ -122,7 +122,7 @@ class TrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
-    recipe: Recipe = field(default_factory=lambda: get_recipe("adahop_lv2"))
+    recipe: Recipe = field(default_factory=lambda: get_recipe(DEFAULT_RECIPE))
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     out: str = ""  # run directory; "" means runs/<preset>-<recipe>

@@ -15,7 +15,7 @@ from torchtitan.protocols.module import Module
 
 from ...nn.convert import check_patterns
 from ...nn.linear import AdaHOPLinear
-from ...recipes import get_recipe
+from ...recipes import DEFAULT_RECIPE, get_recipe
 from .filter import DEFAULT_MIN_FEATURES, should_convert
 
 
@@ -24,7 +24,7 @@ class AdaHOPTitanLinear(AdaHOPLinear, Module):
 
     @dataclass(kw_only=True, slots=True)
     class Config(Linear.Config):
-        recipe: str = "adahop_lv2"
+        recipe: str = DEFAULT_RECIPE
         """A registered adahop recipe name or a .toml/.json recipe file."""
         layer_id: int = 0
         bf16_gemms: tuple[str, ...] | None = None
@@ -55,7 +55,7 @@ class AdaHOPConverter(QuantizationConverter):
 
     @dataclass(kw_only=True, slots=True)
     class Config(QuantizationConverter.Config):
-        recipe: str = "adahop_lv2"
+        recipe: str = DEFAULT_RECIPE
         """A registered adahop recipe name or a .toml/.json recipe file."""
         exclude: list[str] = field(default_factory=list)
         """fnmatch patterns of module names kept as ``Linear``, on top of ``recipe.exclude``."""

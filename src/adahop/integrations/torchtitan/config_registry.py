@@ -10,7 +10,7 @@ from .config_converter import AdaHOPConverter
 
 
 def llama3_debugmodel_adahop() -> Trainer.Config:
-    """torchtitan's llama3 debug model with every transformer-block linear layer under ``adahop_lv2``."""
+    """torchtitan's llama3 debug model with every transformer-block linear layer under the default recipe."""
     config = llama3_debugmodel()
     compiled = config.compile.enable and "model" in config.compile.components
     config.model_spec = model_registry(

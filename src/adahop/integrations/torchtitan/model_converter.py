@@ -20,7 +20,7 @@ from torchtitan.protocols.model_converter import register_model_converter
 from torchtitan.tools.logging import logger
 
 from ...nn.convert import adahop_layers, convert_model, model_plan
-from ...recipes import get_recipe
+from ...recipes import DEFAULT_RECIPE, get_recipe
 from .filter import DEFAULT_MIN_FEATURES, should_convert
 
 CONVERTER_NAME = "adahop"
@@ -29,7 +29,7 @@ PLAN_FILE = "adahop_plan.json"  # in the job's dump folder
 
 @dataclass
 class AdaHOPOptions:
-    recipe: str = "adahop_lv2"
+    recipe: str = DEFAULT_RECIPE
     """A registered adahop recipe name or a .toml/.json recipe file."""
     exclude: list[str] = field(default_factory=list)
     """fnmatch patterns of module names kept as nn.Linear, on top of the recipe's exclude."""
