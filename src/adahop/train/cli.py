@@ -28,7 +28,7 @@ from typing import Any
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from ..models import MODEL_PRESETS
-from ..recipes import RECIPES
+from ..recipes import DEFAULT_RECIPE, RECIPES
 from .checkpoint import CHECKPOINT_DIR, CheckpointError, latest_checkpoint
 from .config import ConfigError, TrainConfig, apply_overrides, flatten, load_config
 from .distributed import ParallelEnv, PeerFailedError, claim_failure, launch_rank, process_group
@@ -72,7 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--config", type=Path, metavar="FILE.toml", help="TOML config (see configs/)")
     parser.add_argument(
-        "--recipe", choices=sorted(RECIPES), metavar="NAME", help=f"one of {', '.join(sorted(RECIPES))}"
+        "--recipe",
+        choices=sorted(RECIPES),
+        metavar="NAME",
+        help=f"one of {', '.join(sorted(RECIPES))} (default {DEFAULT_RECIPE})",
     )
     parser.add_argument(
         "--model", choices=list(MODEL_PRESETS), metavar="PRESET", help=f"one of {', '.join(MODEL_PRESETS)}"
