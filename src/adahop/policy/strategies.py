@@ -209,7 +209,7 @@ class LayerPlan:
         return cls(**{gemm: d[gemm] for gemm in GEMMS}, patterns=d.get("patterns"))
 
 
-DEFAULT_TABLE = "lv2"  # the library's default everywhere a table can be left out (Recipe too)
+DEFAULT_TABLE = "lv2"  # where a table can be left out here and in a bare Recipe(); recipes.DEFAULT_RECIPE names lv1
 
 
 def plan_for_patterns(
