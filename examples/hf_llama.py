@@ -26,7 +26,7 @@ def batch(n: int, length: int, vocab: int, gen: torch.Generator) -> torch.Tensor
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--recipe", default="adahop_lv2")
+    p.add_argument("--recipe", default=adahop.DEFAULT_RECIPE)
     p.add_argument("--calibration-steps", type=int, default=10)
     p.add_argument("--out", default="hf_llama_adahop")
     args = p.parse_args()
