@@ -23,7 +23,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from adahop.analysis.compare import NOISE_SIGMAS, bf16_group, gap_between, group_runs, seed_means
+from adahop.analysis.compare import NOISE_SIGMAS, bf16_group, check_labels, gap_between, group_runs, seed_means
 from adahop.analysis.runs import read_run
 from adahop.atomic import write_atomic
 
@@ -80,9 +80,7 @@ def summarize(paths: list[str], against: list[str] | tuple[str, ...] = ()) -> di
     val = lambda r: r.final_val_loss()  # noqa: E731
     ev = lambda r: evals[r.path]["as_trained"]["loss"] if evals[r.path] else None  # noqa: E731
     groups = group_runs(runs)
-    unknown = [label for label in against if label not in groups]
-    if unknown:
-        raise ValueError(f"--against {unknown[0]!r} is not a recipe of these runs; the recipes are {list(groups)}")
+    check_labels(against, groups)
     base = bf16_group(groups)
     # (seed, value) of every run, by quantity (final validation loss, held-out eval loss) and recipe
     by_key = {

@@ -29,6 +29,8 @@ from .runs import RunRecord, read_run
 
 SMOOTHING = 0.9  # EMA factor for the plotted train curves (raw curves drawn faintly)
 NOISE_SIGMAS = 2.0  # a gap to BF16 below this many standard errors is inside the noise
+LEGEND_ROW_INCHES = 0.18  # one row of the legend under the panels
+LEGEND_MARGIN_INCHES = 0.15  # between that legend and the panels' axis labels
 
 
 def _ema(values: list[float], beta: float = SMOOTHING) -> list[float]:
@@ -127,8 +129,7 @@ def recipe_rows(runs: list[RunRecord], against: str | None = None) -> list[dict]
     spread of runs that share a seed, and the gap to the BF16 recipe; ``against``: a recipe label
     whose gap every other row also gets (``row["against"]``), e.g. an ablation's base recipe."""
     groups = group_runs(runs)
-    if against is not None and against not in groups:
-        raise ValueError(f"--against {against!r} is not a recipe of these runs; the recipes are {list(groups)}")
+    check_labels([against] if against is not None else [], groups)
     base = bf16_group(groups)
 
     def finals(label: str) -> list[Sample]:
@@ -179,6 +180,13 @@ def _plot_band(ax, curves: list[tuple[list[int], list[float]]], color: str, labe
     )
 
 
+def check_labels(labels: Iterable[str], groups: dict[str, list[RunRecord]]) -> None:
+    """An ``--against`` label must name a group of these runs (``group_runs``)."""
+    for label in labels:
+        if label not in groups:
+            raise ValueError(f"--against {label!r} is not a recipe of these runs; the recipes are {list(groups)}")
+
+
 def bf16_group(groups: dict[str, list[RunRecord]]) -> str | None:
     """The label of the BF16 recipe's group (``group_runs``), if the runs have one."""
     return next((g for g, rs in groups.items() if rs[0].recipe == "bf16"), None)
@@ -224,9 +232,9 @@ def plot_runs(runs: list[RunRecord], path: Path) -> None:
     groups = group_runs(runs)
     # One legend under the panels (a legend per panel hid the curves once ablation labels grew long), and a
     # palette with a colour per recipe up to 20.
-    legend_cols = 2 if len(groups) > 4 else len(groups)
-    legend_rows = math.ceil(len(groups) / max(legend_cols, 1))
-    height = 4.8 + 0.18 * legend_rows
+    legend_cols = 2 if len(groups) > 4 else max(len(groups), 1)
+    legend_inches = LEGEND_ROW_INCHES * math.ceil(len(groups) / legend_cols)
+    height = 4.8 + legend_inches
     fig, axes = plt.subplots(1, 3 if gaps else 2, figsize=(19 if gaps else 13, height))
     ax_train, ax_val = axes[0], axes[1]
     palette = plt.get_cmap("tab10" if len(groups) <= 10 else "tab20").colors
@@ -250,14 +258,14 @@ def plot_runs(runs: list[RunRecord], path: Path) -> None:
         axes[2].set(title="validation gap to BF16, same seed (bars: ±1 s.e.)", xlabel="step", ylabel="loss - BF16")
     for ax in axes:
         ax.grid(alpha=0.3)
-    fig.legend(handles=handles, loc="lower center", ncol=max(legend_cols, 1), fontsize=8, frameon=False)
+    fig.legend(handles=handles, loc="lower center", ncol=legend_cols, fontsize=8, frameon=False)
     # Zoom the train panel on the second half, where the recipes separate.
     tails = [v for r in runs for v in _ema(r.train_loss)[len(r.train_loss) // 2 :]]
     if tails:
         lo, hi = min(tails), max(tails)
         pad = 0.5 * (hi - lo) + 1e-3
         ax_train.set_ylim(lo - pad, hi + 4 * pad)
-    fig.tight_layout(rect=(0, (0.18 * legend_rows + 0.15) / height, 1, 1))
+    fig.tight_layout(rect=(0, (legend_inches + LEGEND_MARGIN_INCHES) / height, 1, 1))
     save_figure(fig, path, dpi=120)
     plt.close(fig)
 
