@@ -6,11 +6,10 @@ shards and writes sharded checkpoints."""
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
 import torch.distributed as dist
+from rendezvous import HostedStore
 from torch.distributed.fsdp import fully_shard
 
 from adahop import convert_model
@@ -25,20 +24,17 @@ pytestmark = [
 ]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def torchrun_one(monkeypatch):
     """torchrun's variables for one process (``--nproc-per-node=1``)."""
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("LOCAL_RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "1")
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    store = HostedStore()
+    for name, value in store.env.items():
+        monkeypatch.setenv(name, value)
+    yield
+    del store
 
 
 def test_policy_is_bf16_params_fp32_reduce_on_cuda_and_fp32_on_cpu():

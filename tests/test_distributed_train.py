@@ -13,7 +13,6 @@ import errno
 import os
 import re
 import shutil
-import socket
 import sys
 import time
 from pathlib import Path
@@ -23,6 +22,8 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from rendezvous import HostedStore
 
 from adahop.nn import model_plan
 from adahop.nn.state import decode_state
@@ -54,12 +55,6 @@ def as_argv(pairs: list[tuple[str, str]]) -> list[str]:
     return [f"--{k}={v}" for k, v in pairs]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_rank(rank: int, jobs: list[dict], logs: str) -> None:
     """Rank ``rank``'s side of each job: ``main(job["argv"])`` under torchrun's variables, its
     stderr (file descriptor 2, so gloo's C++ messages too) and exit status kept in ``logs``."""
@@ -69,10 +64,10 @@ def run_rank(rank: int, jobs: list[dict], logs: str) -> None:
     from adahop.train.cli import main
 
     torch.set_num_threads(1)
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1")
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD))
     save_sharded, micro_step = trainer_module.save_sharded, trainer_module.Trainer._micro_step
     for i, job in enumerate(jobs):
-        os.environ["MASTER_PORT"] = str(job["port"])
+        os.environ.update(job["rendezvous"])
 
         def save_then_crash(path, job=job, **kwargs):
             if rank == 1 and kwargs["step"] == job.get("full_disk_at"):
@@ -100,7 +95,8 @@ def run_rank(rank: int, jobs: list[dict], logs: str) -> None:
 def spawn(jobs: list[dict], logs: Path) -> list[list[tuple[int, str]]]:
     """Run ``jobs`` on 2 ranks; per job, each rank's (exit status, stderr)."""
     logs.mkdir(parents=True, exist_ok=True)
-    jobs = [{**job, "port": free_port()} for job in jobs]
+    stores = [HostedStore() for _ in jobs]  # bound here, before the ranks start: no port to race for
+    jobs = [{**job, "rendezvous": store.env} for job, store in zip(jobs, stores)]
     context = mp.start_processes(run_rank, args=(jobs, str(logs)), nprocs=WORLD, start_method="spawn", join=False)
     deadline = time.monotonic() + TIMEOUT_S
     while not context.join(timeout=5):

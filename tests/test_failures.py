@@ -243,8 +243,7 @@ def test_ctrl_c_is_one_line_with_the_last_checkpoint_and_exit_130(small_override
     run = tmp_path / "run"
     process = run_cli(as_argv(small_overrides(run, training__steps=200)))
     first = run / "checkpoints" / "step_0000002.pt"
-    deadline = time.monotonic() + 120
-    while not first.exists() and process.poll() is None and time.monotonic() < deadline:
+    while not first.exists() and process.poll() is None:  # no deadline: the run ends by itself
         time.sleep(0.1)
     process.send_signal(signal.SIGINT)
     _, err = process.communicate(timeout=60)
