@@ -1,4 +1,4 @@
-"""``adahop`` command line: ``train``, ``compare``, ``analyze``, ``eval``, ``bench``.
+"""``adahop`` command line: ``train``, ``compare``, ``analyze``, ``eval``, ``export``, ``bench``.
 
 Each subcommand lives with the code it drives and parses its own arguments.
 """
@@ -13,6 +13,7 @@ COMMANDS = {
     "compare": ("adahop.analysis.compare", "plot and tabulate loss curves of several runs"),
     "analyze": ("adahop.analysis.analyze", "per-layer outlier report, heatmaps and strategies"),
     "eval": ("adahop.analysis.evaluate", "held-out loss and perplexity, as trained and in BF16"),
+    "export": ("adahop.integrations.hf_export", "write a run's model as a Hugging Face transformers Llama"),
     "bench": ("adahop.bench", "GPU benchmarks: GEMM routes, quantization, AdaHOPLinear"),
 }
 
