@@ -93,16 +93,25 @@ def print_report(report: dict[str, Any], console: Console) -> None:
     console.print(table)
 
 
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return int(text)
+
+
+def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
+    """The run or checkpoint to read, how many held-out batches to score and where (``eval``, ``export``)."""
+    parser.add_argument("path", help="a run directory (its latest checkpoint) or a checkpoint file")
+    parser.add_argument("--max-batches", type=_positive, help="evaluate at most this many batches (default: all)")
+    parser.add_argument("--device", default="auto", help="auto, cpu or cuda (default: auto)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="adahop eval", description=__doc__)
-    parser.add_argument("path", help="a run directory (its latest checkpoint) or a checkpoint file")
+    add_checkpoint_arguments(parser)
     parser.add_argument("--data", required=True, help="text source: stdlib, file/dir/glob, or hf:NAME[:CONFIG]")
     parser.add_argument("--out", help="write the report as JSON to this file")
-    parser.add_argument("--max-batches", type=int, help="evaluate at most this many batches (default: all)")
-    parser.add_argument("--device", default="auto", help="auto, cpu or cuda (default: auto)")
     args = parser.parse_args(argv)
-    if args.max_batches is not None and args.max_batches < 1:
-        parser.error("--max-batches must be >= 1")
     from ..train import CheckpointError, ConfigError
 
     try:

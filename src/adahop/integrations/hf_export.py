@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..analysis.evaluate import add_checkpoint_arguments, held_out_tokens
 from ..atomic import publish_dir, write_atomic
 from ..models import Transformer
 from ..models.llama import IGNORE_INDEX
@@ -101,7 +102,6 @@ def export_hf(
     from ..data import load_tokenizer, resolve_source, validation_batches
     from ..data.tokenizer import EOS_TOKEN
     from ..train import load_run, mean_loss, resolve_device
-    from ..analysis.evaluate import held_out_tokens
 
     out = Path(out)
     check_out(out)
@@ -165,13 +165,9 @@ def describe(report: dict[str, Any], out: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="adahop export", description=__doc__.split("\n\n")[0])
-    parser.add_argument("path", help="a run directory (its latest checkpoint) or a checkpoint file")
+    add_checkpoint_arguments(parser)
     parser.add_argument("--hf", required=True, metavar="OUT", help="new folder for the transformers model")
-    parser.add_argument("--max-batches", type=int, help="validation batches to score (default: all)")
-    parser.add_argument("--device", default="auto", help="auto, cpu or cuda (default: auto)")
     args = parser.parse_args(argv)
-    if args.max_batches is not None and args.max_batches < 1:
-        parser.error("--max-batches must be >= 1")
     try:
         import transformers  # noqa: F401
     except ImportError:
