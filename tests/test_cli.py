@@ -62,7 +62,7 @@ def test_bench_summary_renders_committed_h200_results():
 
     from adahop.bench import summary_markdown
 
-    results = Path(__file__).parent.parent / "benchmarks" / "results"
+    results = Path(__file__).parent / "data"
     gemm = json.loads((results / "2026-12-02-h200-gemm.json").read_text())
     linear = json.loads((results / "2026-12-02-h200-linear.json").read_text())
     report = {**{k: linear[k] for k in ("gpu", "torch", "triton", "cuda", "python", "date")}}
@@ -80,7 +80,7 @@ def test_bench_summary_renders_every_section_of_the_combined_h200_run():
 
     from adahop.bench import summary_markdown
 
-    report = json.loads((Path(__file__).parent.parent / "benchmarks" / "results" / "2026-12-02-h200.json").read_text())
+    report = json.loads((Path(__file__).parent / "data" / "2026-12-02-h200.json").read_text())
     del report["step"]  # measured by an older step bench (one mode per recipe); see test_step_bench_*
     text = summary_markdown(report)
     for key in (
@@ -99,7 +99,7 @@ def test_bench_summary_renders_the_oe_split_table():
 
     from adahop.bench import summary_markdown
 
-    report = json.loads((Path(__file__).parent.parent / "benchmarks" / "results" / "2026-12-03-h200.json").read_text())
+    report = json.loads((Path(__file__).parent.parent / "benchmarks" / "gemm" / "2026-12-03-h200.json").read_text())
     text = summary_markdown(report)
     assert f"(`oe_split_slowdown_vs_mxfp4`) | {report['oe_split_slowdown_vs_mxfp4']:.3f} |" in text
     first = report["gemm"]["oe_split"][0]

@@ -124,11 +124,11 @@ def test_runs_sharing_a_seed_count_as_one_seed_and_their_spread_is_the_noise_at_
 
 
 def load_summary_script():
-    """benchmarks/quality_h200/summary.py, which is a script, not part of the package."""
+    """benchmarks/quality/summary.py, which is a script, not part of the package."""
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).parents[1] / "benchmarks" / "quality_h200" / "summary.py"
+    path = Path(__file__).parents[1] / "benchmarks" / "quality" / "summary.py"
     spec = importlib.util.spec_from_file_location("quality_summary", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -1,4 +1,4 @@
-"""CUDA-graph training micro-steps against eager ones (GPU only; the H200 log is in benchmarks/results/)."""
+"""CUDA-graph training micro-steps against eager ones (GPU only; the H200 logs are in benchmarks/step/)."""
 
 import pytest
 import torch

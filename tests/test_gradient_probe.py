@@ -1,4 +1,4 @@
-"""benchmarks/quality_cpu/gradient_error.py: each variant runs the run's weights under its own recipe,
+"""benchmarks/quality/gradient_error.py: each variant runs the run's weights under its own recipe,
 with adaptive plans from the run's frozen patterns, and the probe's numbers are the errors it says."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from adahop.train import Trainer, load_config
 from adahop.train.builders import load_run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-SCRIPT = Path(__file__).parents[1] / "benchmarks" / "quality_cpu" / "gradient_error.py"
+SCRIPT = Path(__file__).parents[1] / "benchmarks" / "quality" / "gradient_error.py"
 
 
 def load_probe():

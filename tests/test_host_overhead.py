@@ -1,4 +1,4 @@
-"""``benchmarks/host_overhead.py`` is a GPU script; its ``--dry-run`` checks on the CPU the kernel
+"""``benchmarks/linear/host_overhead.py`` is a GPU script; its ``--dry-run`` checks on the CPU the kernel
 launches it makes itself (in a subprocess: the dry run needs Triton's interpreter whatever the
 machine has)."""
 
@@ -14,7 +14,7 @@ def test_host_overhead_launches_name_every_kernel_parameter_in_order():
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
     run = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "host_overhead.py"), "--dry-run"],
+        [sys.executable, str(ROOT / "benchmarks" / "linear" / "host_overhead.py"), "--dry-run"],
         env=env,
         capture_output=True,
         text=True,

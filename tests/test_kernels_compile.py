@@ -1,5 +1,5 @@
 """Every quantize kernel variant the launch plans pick compiles for sm_90 on this CPU-only machine
-(``benchmarks/ptx_fingerprint.py``, in a subprocess: the test session runs Triton's interpreter,
+(``benchmarks/quantize/ptx_fingerprint.py``, in a subprocess: the test session runs Triton's interpreter,
 whose functions cannot be compiled). The interpreter tests check what the kernels compute; this
 checks that the same code is also valid for Triton's compiler, which accepts less Python."""
 
@@ -15,7 +15,7 @@ def test_every_quantize_kernel_compiles_for_sm90():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
     run = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "ptx_fingerprint.py")],
+        [sys.executable, str(ROOT / "benchmarks" / "quantize" / "ptx_fingerprint.py")],
         env=env,
         capture_output=True,
         text=True,

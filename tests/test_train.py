@@ -163,7 +163,7 @@ def test_cli_errors_exit_2_with_choices(argv, expected, capsys):
 
 def test_cuda_memory_fields_are_interval_peaks_beside_the_run_peak(monkeypatch):
     """Under CUDA graphs ``max_memory_allocated`` misses the graphs' private pools (measured in
-    benchmarks/results/2026-12-03-h200-step.md), so records carry the reserved peak too; each
+    benchmarks/step/2026-12-04-h200-step/), so records carry the reserved peak too; each
     record's peaks are those since the previous one (calibration's and capture's peaks would
     otherwise hide the frozen steps'), and the run's reserved peak is kept beside them."""
     allocated, reserved = [3, 2], [50, 28]  # MiB: calibration's interval, then frozen steps'

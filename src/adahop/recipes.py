@@ -211,7 +211,7 @@ RECIPES: dict[str, Recipe] = {
 }
 
 # What a layer, a model or a run gets when no recipe is named: the recipe that trains at BF16's loss
-# (docs/quality.md, phases 4-5). ``adahop_lv2`` is the fastest step (benchmarks/); the paper's two tables
+# (docs/quality.md, phases 4-5). ``adahop_lv2`` is the fastest step (benchmarks/step/); the paper's two tables
 # stay registered as ``adahop_lv1`` and ``adahop_lv2``.
 DEFAULT_RECIPE = "adahop_lv1_bf16_forward"
 

@@ -4,7 +4,7 @@ Every GEMM of a linear layer can be written in this TN form by quantizing the ri
 operand (see :mod:`adahop.gemm.operand`). The routes (``policy.routes.GemmRoute``; which one a
 GEMM takes is ``policy.routes.gemm_route``'s choice, never this module's), with their speed on an
 H200 relative to cuBLAS BF16 (geometric mean over the Llama-3-8B shapes,
-``benchmarks/results/2026-12-03-h200.md``):
+``benchmarks/gemm/2026-12-03-h200.md``):
 
 - ``"fold_fp8"`` (1.83x, fold included; 2.08x without): fold block scales into E4M3 values and
   per-row scales (:mod:`adahop.kernels.fold`), then cuBLAS's row-wise scaled FP8 GEMM

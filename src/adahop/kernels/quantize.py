@@ -20,9 +20,9 @@ Cost. On sm_90 quantization is bound by the instructions it issues (the integer-
 16 lanes per scheduler, most of all), not by memory, so: E2M1 rounding to nearest is the
 minimum of three FMA-rounded lines (``mx_math.encode_e2m1_nearest``); stochastic rounding
 takes 16 noise bits per element, eight elements per Philox4x32-10 call, added in fixed point;
-block maxima are float maxima that keep NaN. ``benchmarks/sass_counts.py`` prints the static
+block maxima are float maxima that keep NaN. ``benchmarks/quantize/sass_counts.py`` prints the static
 instruction counts per element; ``adahop bench --only quantize`` measures each kernel against
-copy bandwidth (results in ``benchmarks/results/``).
+copy bandwidth (results in ``benchmarks/quantize/``).
 
 The tensor is processed in ``[block_m, block_n]`` tiles; a tile's block axis holds whole MX
 blocks and whole Hadamard blocks. Runs on CUDA, or on CPU tensors under ``TRITON_INTERPRET=1``.
@@ -204,7 +204,7 @@ def _quantize_rows_kernel(
     The same arithmetic as ``quantize_tile``, laid out so that no value crosses a lane
     (``row_blocks``): the block maximum, the codes and the four 32-bit words (one 16-byte
     store) stay in the thread. The general kernel lets Triton spread a block over lanes and
-    pays for it in shuffles and selects (``benchmarks/sass_counts.py`` counts them). Loading one
+    pays for it in shuffles and selects (``benchmarks/quantize/sass_counts.py`` counts them). Loading one
     coalesced tile and splitting it into slices instead makes Triton move them through shuffles
     again.
     """
@@ -424,7 +424,7 @@ def _launch_plan(
         kernel = _quantize_rows_kernel if rowwise else _quantize_cols_kernel  # whole blocks in a thread
         if rowwise and not hb and rounding == "nearest":
             # Fewer instructions, yet slower on the H200 than the general kernel
-            # (benchmarks/results/2026-12-02-h200-pass10-quantize-ab.txt).
+            # (benchmarks/quantize/2026-12-02-h200-pass10-quantize-ab.txt).
             kernel = None
     orientation = "both" if rowwise and colwise else "rowwise" if rowwise else "colwise"
     if tiling is None:
@@ -510,7 +510,7 @@ def quantize_launch(
     tiling: QuantizeTiling | None,
 ) -> QuantizeLaunch:
     """The launch that quantizes ``x``, prepared (arguments checked, outputs allocated) but not
-    made: what ``_quantize`` runs, and what ``benchmarks/host_overhead.py`` times on its own."""
+    made: what ``_quantize`` runs, and what ``benchmarks/linear/host_overhead.py`` times on its own."""
     check_quantize_args(x, fmt, block_size, scale_rule, rounding)
     if x.dim() != 2:
         raise ValueError(f"the fused quantizer takes 2-D tensors, got shape {tuple(x.shape)}")

@@ -35,7 +35,7 @@ from .quantize_blocks import row_blocks, row_codes
 ELEMENTS_PER_THREAD = 32  # one block per thread, as in the row-wise quantize kernel
 MAX_WARPS = 16
 # ptxas' per-thread register cap: the exact path would otherwise set the register count (and cap
-# the occupancy) of the common path; at 80 the common path does not spill (benchmarks/results/2026-12-04-h200-quantize-kernels.md).
+# the occupancy) of the common path; at 80 the common path does not spill (benchmarks/quantize/2026-12-04-h200-quantize-kernels/).
 MAX_REGISTERS = 80
 INTERPRETER_ROWS = 16  # the interpreter pays per program: many rows each
 

@@ -1,7 +1,7 @@
 """Tile shapes of the quantize kernels: launch configuration only, no device code.
 
 Each program quantizes one ``[block_m, block_n]`` tile whose block axis holds whole MX and
-Hadamard blocks; the CUDA choices come from the H200 sweep in ``benchmarks/results/``.
+Hadamard blocks; the CUDA choices come from the H200 sweep in ``benchmarks/quantize/``.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ class QuantizeTiling:
 # The interpreter pays milliseconds per program: give each one a large tile.
 INTERPRETER_TILING = QuantizeTiling(block_m=128, block_n=256, num_warps=1)
 # Per orientation and Hadamard, the tiling with the least round-to-nearest plus stochastic time in
-# the H200 sweep benchmarks/results/2026-12-03-h200-quantize-sweep.json (the top few of each case
+# the H200 sweep benchmarks/quantize/2026-12-03-h200-quantize-sweep.json (the top few of each case
 # are within 1-3%, the run-to-run noise).
 # Row-wise MXFP4 (block 32) with a Hadamard or stochastic rounding and column-wise MXFP4 run their
 # own kernels, which keep whole blocks in a thread; the column-wise one reads ``block_n`` columns

@@ -8,7 +8,7 @@ caller's back: the other one is what this function returns, so tests pin every c
 Compare routes with ``==``: under ``torch.compile`` the result is a constant of the graph, equal
 to the member but not the same object.
 
-Speeds on an H200 relative to cuBLAS BF16 (Llama-3-8B shapes, ``benchmarks/results/2026-12-03-h200.md``):
+Speeds on an H200 relative to cuBLAS BF16 (Llama-3-8B shapes, ``benchmarks/gemm/2026-12-03-h200.md``):
 fold_fp8 1.83x, dequant_bf16 0.39x, dot_scaled 0.16x, triton_fp8 0.09x; the last two are only
 run when asked for by name.
 """
