@@ -10,7 +10,15 @@ from adahop.policy.strategies import LEVEL1, LEVEL2, get_table
 
 
 def test_registered_recipes():
-    assert set(RECIPES) == {"bf16", "mxfp4", "mxfp4_hadamard", "adahop_lv1", "adahop_lv2", "adahop_lv1_bf16_forward"}
+    assert set(RECIPES) == {
+        "bf16",
+        "mxfp4",
+        "mxfp4_hadamard",
+        "adahop_lv1",
+        "adahop_lv2",
+        "adahop_lv1_bf16_forward",
+        "adahop_lv1_fp8_forward",
+    }
     assert get_recipe("adahop_lv1_bf16_forward").bf16_gemms == ("forward",)
     assert get_recipe("mxfp4_hadamard").strategy == "iht"
     assert get_table(get_recipe("adahop_lv1").table) == LEVEL1

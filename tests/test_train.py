@@ -144,7 +144,8 @@ def test_bad_config_file_is_named(tmp_path):
         (["--model", "huge"], "invalid choice: 'huge' (choose from 'tiny', 'small'"),
         (
             ["--recipe", "fp2"],
-            "choose from 'adahop_lv1', 'adahop_lv1_bf16_forward', 'adahop_lv2', 'bf16', 'mxfp4', 'mxfp4_hadamard'",
+            "choose from 'adahop_lv1', 'adahop_lv1_bf16_forward', 'adahop_lv1_fp8_forward', 'adahop_lv2', 'bf16', 'mxfp4', "
+            "'mxfp4_hadamard'",
         ),
         (["--steps", "many"], "invalid int value"),
         (["--optim.lr=fast"], "optim.lr: expected a number"),

@@ -28,6 +28,7 @@ import torch
 from .formats import MXTensor, QuantSpec, quantize_mx, quantize_mx_tiles
 from .formats.fast import dequantize_blocked_fast, quantize_mx_fast
 from .formats.folded import FOLD_BLOCK, FoldedFP8
+from .formats.rowwise import ROWWISE_FP8, ROWWISE_K_ALIGN, RowwiseFP8, quantize_fp8_rowwise
 from .formats.mx import storage_shapes
 from .policy.routes import GemmRoute, gemm_route
 from .policy.selection import row_scores, top_rows_reference
@@ -280,6 +281,68 @@ def quantize_fold_2d(
     return (folded, score) if scores else folded
 
 
+# ---- row-wise scaled FP8 (E4M3, a power-of-two scale per row) --------------------------------
+def _quantize_rowwise_reference(x, hadamard_block_size, signs, scores):
+    score = _scores_output(x, 1, scores)
+    if hadamard_block_size:
+        x = hadamard_transform(x, axis=1, block_size=hadamard_block_size, signs=signs)
+    q = quantize_fp8_rowwise(x)
+    return q.data.view(torch.uint8), q.row_scale, score
+
+
+@torch.library.custom_op("adahop::quantize_fp8_rowwise", mutates_args=())
+def quantize_rowwise_op(
+    x: torch.Tensor, hadamard_block_size: int, signs: torch.Tensor | None, scores: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(E4M3 bytes, row scales, scores) of ``formats.rowwise.quantize_fp8_rowwise`` of 2-D ``x``
+    (after its Hadamard transform along the rows if ``hadamard_block_size``); scores of ``x``
+    itself, only if ``scores``."""
+    return _quantize_rowwise_reference(x, hadamard_block_size, signs, scores)
+
+
+@quantize_rowwise_op.register_kernel("cuda")
+def _quantize_rowwise_cuda(x, hadamard_block_size, signs, scores):
+    if not _kernels_enabled:
+        return _quantize_rowwise_reference(x, hadamard_block_size, signs, scores)
+    from .kernels.quantize_rowwise import quantize_fp8_rowwise_triton
+
+    score = _no_scores(x)
+    if hadamard_block_size:  # not fused: the transform's own pass, then the kernel
+        score = _scores_output(x, 1, scores)
+        x = hadamard_transform(x, axis=1, block_size=hadamard_block_size, signs=signs)
+    elif scores:
+        q, score = quantize_fp8_rowwise_triton(x, scores=True)
+        return q.data.view(torch.uint8), q.row_scale, score
+    q = quantize_fp8_rowwise_triton(x)
+    return q.data.view(torch.uint8), q.row_scale, score
+
+
+@quantize_rowwise_op.register_fake
+def _(x, hadamard_block_size, signs, scores):
+    rows, k = x.shape
+    return (
+        x.new_empty((rows, -(-k // ROWWISE_K_ALIGN) * ROWWISE_K_ALIGN), dtype=torch.uint8),
+        x.new_empty(rows, dtype=torch.float32),
+        x.new_empty(rows if scores else 0, dtype=torch.float32),
+    )
+
+
+def quantize_rowwise_2d(
+    x: torch.Tensor, spec: QuantSpec, *, scores: bool = False
+) -> RowwiseFP8 | tuple[RowwiseFP8, torch.Tensor]:
+    """Row-wise scaled E4M3 of row-major 2-D ``x`` (``spec.fmt == "fp8_e4m3_rowwise"``, its
+    Hadamard transform included), the operand of the row-wise FP8 GEMM; ``scores``: with each
+    row's outlier score."""
+    if spec.fmt != ROWWISE_FP8:
+        raise ValueError(f"quantize_rowwise_2d takes the {ROWWISE_FP8!r} format, got {spec}")
+    if spec.rounding != "nearest":
+        raise ValueError(f"{ROWWISE_FP8} rounds to nearest, got rounding={spec.rounding!r}")
+    args = (x, spec.hadamard_block_size, spec.hadamard_signs, scores)
+    data, row_scale, score = _quantize_rowwise_cuda(*args) if _eager_cuda(x) else quantize_rowwise_op(*args)
+    q = RowwiseFP8(data.view(torch.float8_e4m3fn), row_scale)
+    return (q, score) if scores else q
+
+
 def route_of(device: torch.device, n: int, fmt: str = "mxfp4", block_size: int = 32) -> GemmRoute:
     """``policy.routes.gemm_route`` under this module's switch (``reference_only``): the route
     every GEMM below runs."""
@@ -425,12 +488,14 @@ def fold_fp8(mx: MXTensor) -> FoldedFP8:
 
 
 def folded_matmul(
-    a: FoldedFP8 | MXTensor, b: FoldedFP8 | MXTensor, out_dtype: torch.dtype, *, fast_accum: bool = True
+    a: RowwiseFP8 | MXTensor, b: RowwiseFP8 | MXTensor, out_dtype: torch.dtype, *, fast_accum: bool = True
 ) -> torch.Tensor:
-    """``A @ B.T`` where at least one side is already folded; an MX side is folded first. The
-    fold_fp8 route runs cuBLAS's row-wise scaled FP8 GEMM (``fast_accum`` as in ``mx_matmul``);
-    the reference route the same products in float32. Folded operands take no other route."""
-    route = route_of(a.data.device, b.shape[0])
+    """``A @ B.T`` where at least one side is row-scaled E4M3: folded MXFP4 (an MX side is folded
+    first) or ``fp8_e4m3_rowwise``. The fold_fp8 route runs cuBLAS's row-wise scaled FP8 GEMM
+    (``fast_accum`` as in ``mx_matmul``); the reference route the same products in float32.
+    Folded operands take no other route; row-wise FP8 takes the reference where cuBLAS cannot."""
+    folding = any(isinstance(t, (FoldedFP8, MXTensor)) for t in (a, b))
+    route = route_of(a.data.device, b.shape[0], "mxfp4" if folding else ROWWISE_FP8)
     if route not in (GemmRoute.FOLD_FP8, GemmRoute.REFERENCE):
         raise ValueError(
             f"folded operands need the fold_fp8 route, and {route} was chosen for "
@@ -438,7 +503,7 @@ def folded_matmul(
         )
     a, b = (fold_fp8(t) if isinstance(t, MXTensor) else t for t in (a, b))
     if a.shape[1] != b.shape[1]:
-        raise ValueError(f"folded operands differ in K: {tuple(a.shape)} and {tuple(b.shape)}")
+        raise ValueError(f"row-wise FP8 operands differ in K: {tuple(a.shape)} and {tuple(b.shape)}")
     if route == GemmRoute.FOLD_FP8:
         from .kernels.gemm import fold_fp8_matmul
 

@@ -8,6 +8,7 @@
 | `adahop_lv1`     | calibrate outlier patterns, then per-GEMM strategies from the level-1 table |
 | `adahop_lv2`     | same with the level-2 table (col-col GEMMs in BF16)                      |
 | `adahop_lv1_bf16_forward` | `adahop_lv1` with every forward GEMM in BF16: BF16's loss (docs/quality.md); the default |
+| `adahop_lv1_fp8_forward` | `adahop_lv1` with every forward GEMM in E4M3, a scale per token and per output channel |
 
 Ablations on top of any recipe: ``bf16_gemms`` keeps those GEMM roles ("forward", "dgrad",
 "wgrad") in BF16 in every converted layer, or with ``ROLE@PATTERN`` entries (e.g.
@@ -34,11 +35,14 @@ from typing import Any
 import torch
 
 from .formats import DEFAULT_SPEC, ELEMENT_FORMATS, ROUNDING_MODES, SCALE_RULES, QuantSpec
+from .formats.rowwise import ROWWISE_FP8
 from .policy.strategies import DEFAULT_TABLE, GEMMS, Strategy, get_table
 from .transforms import HADAMARD_BLOCK_SIZES
 
 ADAPTIVE = "adaptive"
 WEIGHT_BLOCKS = ("1d", "2d")  # MX blocks of W: along each GEMM's K, or square tiles valid in both orientations
+# The forward's formats: the MX formats, and E4M3 with a power-of-two scale per row (formats.rowwise)
+FORWARD_FORMATS = (*ELEMENT_FORMATS, ROWWISE_FP8)
 
 
 def name_matches(name: str, patterns: tuple[str, ...]) -> bool:
@@ -67,8 +71,13 @@ class Recipe:
     table: str | dict[str, str] = DEFAULT_TABLE  # a table name or a user mapping {"row,none": "oe_left", ...}
     fmt: str = DEFAULT_SPEC.fmt
     # The forward GEMM's element format (X and W as the forward reads them); None: ``fmt``. An 8-bit
-    # forward ("mxfp8_e4m3") asks whether the quality study's forward gap is the 4-bit grid itself.
+    # forward ("mxfp8_e4m3") asks whether the quality study's forward gap is the 4-bit grid itself;
+    # "fp8_e4m3_rowwise" (a scale per token of X and per output channel of W) runs Hopper's
+    # row-wise scaled FP8 GEMM with a quantizer much cheaper than MXFP4's.
     forward_fmt: str | None = None
+    # The forward GEMM's strategy in every layer whatever the plan says; None: the plan's. "mxfp4"
+    # is the plain quantizer in forward_fmt (no Hadamard, no extraction); "iht" adds the Hadamard.
+    forward_strategy: str | None = None
     block_size: int = DEFAULT_SPEC.block_size
     scale_rule: str = DEFAULT_SPEC.scale_rule  # E8M0 scale of every MX block: floor (OCP) | ceil | even | rceil
     rounding: str = DEFAULT_SPEC.rounding  # X and W as the forward GEMM reads them
@@ -106,7 +115,13 @@ class Recipe:
         fixed = tuple(s.value for s in Strategy if s not in (Strategy.OE_LEFT, Strategy.OE_RIGHT))
         check(self.strategy, (ADAPTIVE, *fixed), "strategy")
         check(self.fmt, tuple(ELEMENT_FORMATS), "fmt")
-        check(self.forward_fmt, (None, *ELEMENT_FORMATS), "forward_fmt")
+        check(self.forward_fmt, (None, *FORWARD_FORMATS), "forward_fmt")
+        check(self.forward_strategy, (None, *(s.value for s in Strategy)), "forward_strategy")
+        if self.forward_fmt == ROWWISE_FP8 and self.rounding != "nearest":
+            raise ValueError(
+                f"recipe {self.name!r}: forward_fmt={ROWWISE_FP8!r} rounds to nearest; set rounding='nearest' "
+                f"(got {self.rounding!r})"
+            )
         check(self.scale_rule, SCALE_RULES, "scale_rule")
         check(self.rounding, ROUNDING_MODES, "rounding")
         check(self.backward_rounding, ROUNDING_MODES, "backward_rounding")
@@ -207,6 +222,11 @@ RECIPES: dict[str, Recipe] = {
         Recipe(name="adahop_lv2", table="lv2"),
         # The quality study found the whole gap to BF16 in the forward GEMM (docs/quality.md, phase 4).
         Recipe(name="adahop_lv1_bf16_forward", table="lv1", bf16_gemms=("forward",)),
+        # The same split with the forward in row-wise scaled FP8 (per token, per output channel),
+        # which runs on Hopper's FP8 tensor cores at about twice BF16's GEMM rate (issue 31).
+        Recipe(
+            name="adahop_lv1_fp8_forward", table="lv1", forward_fmt=ROWWISE_FP8, forward_strategy=Strategy.MXFP4.value
+        ),
     )
 }
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .rowwise import RowwiseFP8
 
 FOLD_BLOCK = 32  # the MXFP4 block, also the only Hadamard block the fused kernel takes
 
@@ -31,22 +32,13 @@ def folds_directly(x: torch.Tensor, *, fmt: str, block_size: int, hadamard_block
 
 
 @dataclass
-class FoldedFP8:
-    """An MXFP4 matrix as E4M3 values times a float32 scale per row."""
+class FoldedFP8(RowwiseFP8):
+    """An MXFP4 matrix as E4M3 values times a float32 scale per row: a row-wise FP8 operand that
+    also counts what folding lost."""
 
-    data: torch.Tensor  # float8_e4m3fn [rows, padded_k]
-    row_scale: torch.Tensor  # float32 [rows]
     lossy_per_row: torch.Tensor  # int32 [rows]: elements that underflowed when folding
 
     @property
     def n_lossy(self) -> int:
         """Elements whose folded value differs from the MXFP4 value (synchronizes on CUDA)."""
         return int(self.lossy_per_row.sum())
-
-    @property
-    def shape(self) -> torch.Size:
-        return self.data.shape
-
-    def dequantize(self) -> torch.Tensor:
-        """float32 values (exact: each is an E4M3 value times a power of two)."""
-        return self.data.to(torch.float32) * self.row_scale[:, None]

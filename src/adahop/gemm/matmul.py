@@ -12,17 +12,17 @@ import torch
 
 from .. import ops
 from ..formats import MXTensor
-from ..formats.folded import FoldedFP8
+from ..formats.rowwise import RowwiseFP8
 from .operand import GemmOperand
 
 
 def _main_product(
-    lq: MXTensor | FoldedFP8 | torch.Tensor,
-    rq: MXTensor | FoldedFP8 | torch.Tensor,
+    lq: MXTensor | RowwiseFP8 | torch.Tensor,
+    rq: MXTensor | RowwiseFP8 | torch.Tensor,
     out_dtype: torch.dtype,
     fast_accum: bool,
 ) -> torch.Tensor:
-    if isinstance(lq, FoldedFP8) or isinstance(rq, FoldedFP8):
+    if isinstance(lq, RowwiseFP8) or isinstance(rq, RowwiseFP8):  # folded MXFP4 or fp8_e4m3_rowwise
         return ops.folded_matmul(lq, rq, out_dtype, fast_accum=fast_accum)
     if isinstance(lq, MXTensor):
         return ops.mx_matmul(lq, rq, out_dtype, fast_accum=fast_accum)

@@ -30,7 +30,8 @@ import torch
 
 from .. import ops
 from ..formats import MXTensor, QuantSpec
-from ..formats.folded import FoldedFP8, folds_directly
+from ..formats.folded import folds_directly
+from ..formats.rowwise import ROWWISE_FP8, RowwiseFP8
 from ..policy.selection import row_scores
 from ..policy.strategies import Strategy
 from ..transforms import hadamard_transform
@@ -40,7 +41,8 @@ from ..transforms import hadamard_transform
 class GemmOperand:
     """One side of ``C = L @ R.T``, prepared along its last dimension (K)."""
 
-    quantized: MXTensor | FoldedFP8 | torch.Tensor | None = None  # a Tensor when spec.fmt is None
+    # RowwiseFP8 for the fp8_e4m3_rowwise format (FoldedFP8 is one), a Tensor when spec.fmt is None
+    quantized: MXTensor | RowwiseFP8 | torch.Tensor | None = None
     dense: torch.Tensor | None = None  # high-precision operand (BF16 GEMM, or the other side's OE)
     rows: torch.Tensor | None = None  # indices of extracted outlier rows
     extracted: torch.Tensor | None = None  # those rows, in high precision
@@ -66,7 +68,7 @@ class GemmOperand:
 
 def _rotate_and_quantize(
     t: torch.Tensor, spec: QuantSpec, rotate: bool, seed: torch.Tensor | None, fold: bool, scores: bool = False
-) -> MXTensor | FoldedFP8 | torch.Tensor | tuple[MXTensor | FoldedFP8 | torch.Tensor, torch.Tensor]:
+) -> MXTensor | RowwiseFP8 | torch.Tensor | tuple[MXTensor | RowwiseFP8 | torch.Tensor, torch.Tensor]:
     """Inner Hadamard (if ``rotate``: ``spec``'s, else none) and MX quantization along the last
     dim, one fused op; ``fold``: straight into the folded FP8 operand where the fused kernel serves ``t``.
     ``scores``: also each row's outlier score (``policy.selection.row_scores``), from the same op."""
@@ -78,6 +80,8 @@ def _rotate_and_quantize(
     if spec.fmt is None:  # the transform-only ablation: no quantize pass to record scores
         out = hadamard_transform(t, block_size=hb, signs=spec.hadamard_signs) if hb else t
         return (out, row_scores(t)) if scores else out
+    if spec.fmt == ROWWISE_FP8:  # a scale per row of [rows, K]: the row-wise FP8 GEMM's operand as it is
+        return ops.quantize_rowwise_2d(t.contiguous(), spec, scores=scores)
     if fold and folds_directly(t, fmt=spec.fmt, block_size=spec.block_size, hadamard_block_size=hb):
         return ops.quantize_fold_2d(t, spec, seed=seed, scores=scores)
     # A transposed view (Xᵀ, dYᵀ, Wᵀ) is quantized along dim 0 of its row-major source, no copy.

@@ -23,8 +23,9 @@ from dataclasses import dataclass
 import torch
 
 from ..formats import MXTensor
+from ..formats.rowwise import RowwiseFP8
 from ..policy.routes import KERNEL_ROUTES, GemmRoute
-from .fold import FoldedFP8, check_fold_operand, fold_to_fp8
+from .fold import check_fold_operand, fold_to_fp8
 from .gemm_triton import OUT_DTYPES, mxfp4_dot_scaled_matmul, mxfp4_fp8_matmul
 
 
@@ -55,9 +56,10 @@ def check_operands(a: MXTensor, b: MXTensor, out_dtype: torch.dtype) -> None:
 
 
 def fold_fp8_matmul(
-    a: FoldedFP8, b: FoldedFP8, out_dtype: torch.dtype = torch.bfloat16, fast_accum: bool = True
+    a: RowwiseFP8, b: RowwiseFP8, out_dtype: torch.dtype = torch.bfloat16, fast_accum: bool = True
 ) -> torch.Tensor:
-    """Row-wise scaled FP8 GEMM of two folded operands: ``(a.data @ b.data.T) * sa[:, None] * sb``."""
+    """Row-wise scaled FP8 GEMM of two row-scaled E4M3 operands (folded MXFP4 or
+    ``fp8_e4m3_rowwise``): ``(a.data @ b.data.T) * sa[:, None] * sb``."""
     return torch._scaled_mm(
         a.data,
         b.data.t(),

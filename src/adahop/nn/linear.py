@@ -24,6 +24,7 @@ outputs they touch, as they would in ``nn.Linear``; they are never silently zero
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -158,7 +159,7 @@ class AdaHOPLinear(nn.Linear):
         if self.recipe.adaptive:
             self._hooks = attach_pattern_hooks(self, self.votes, self.recipe.pattern_threshold)
         else:
-            self.set_plan(LayerPlan.uniform(Strategy(self.recipe.strategy)))
+            self.set_plan(self._with_forward_strategy(LayerPlan.uniform(Strategy(self.recipe.strategy))))
 
     @classmethod
     def from_linear(
@@ -200,13 +201,18 @@ class AdaHOPLinear(nn.Linear):
             self._hooks.remove()
             self._hooks = None
 
+    def _with_forward_strategy(self, plan: LayerPlan) -> LayerPlan:
+        """``plan`` with the recipe's ``forward_strategy`` (if it names one) on the forward GEMM."""
+        forced = self.recipe.forward_strategy
+        return plan if forced is None else dataclasses.replace(plan, forward=Strategy(forced))
+
     def _maybe_freeze(self) -> None:
         n = self.recipe.calibration_steps
         if all(self.votes.count(role) >= n for role in ROLES):
             if torch.distributed.is_available() and torch.distributed.is_initialized():
                 nccl = torch.distributed.get_backend() == "nccl"
                 self.votes.all_reduce(self.weight.device if nccl else "cpu")  # one plan on every replica
-            self.set_plan(self.votes.plan(self.recipe.table))
+            self.set_plan(self._with_forward_strategy(self.votes.plan(self.recipe.table)))
 
     # ---- forward ------------------------------------------------------------------------
     def _build_specs(self) -> None:

@@ -20,6 +20,8 @@ import functools
 
 import torch
 
+from ..formats.rowwise import ROWWISE_FP8
+
 HOPPER = (9, 0)
 SCALED_MM_ALIGN = 16  # cuBLAS FP8 needs N (and K) divisible by 16
 KERNEL_FORMAT = ("mxfp4", 32)  # the (format, block size) the kernel routes take
@@ -28,7 +30,9 @@ KERNEL_FORMAT = ("mxfp4", 32)  # the (format, block size) the kernel routes take
 class GemmRoute(enum.StrEnum):
     """How ``A @ B.T`` of two MX operands is computed."""
 
-    FOLD_FP8 = "fold_fp8"  # fold block scales into E4M3 + row scales, cuBLAS row-wise scaled FP8
+    # cuBLAS row-wise scaled FP8 of E4M3 + row scales: MXFP4 with its block scales folded in, or
+    # fp8_e4m3_rowwise operands as they are quantized
+    FOLD_FP8 = "fold_fp8"
     TRITON_FP8 = "triton_fp8"  # Triton FP8 GEMM promoting every 32-wide block (no underflow)
     DOT_SCALED = "dot_scaled"  # tl.dot_scaled e2m1 x e2m1 (upcast to BF16 on Hopper)
     DEQUANT_BF16 = "dequant_bf16"  # dequantize to BF16 (exact) and torch.matmul
@@ -53,8 +57,12 @@ def gemm_route(
     ``kernels=False`` (``ops.reference_only``) and anything but CUDA take the reference; so do
     formats the kernels do not implement. On CUDA, Hopper takes fold_fp8 unless cuBLAS FP8 refuses
     ``n`` (not a multiple of 16), where the BF16 emulation measured fastest of the rest; other GPUs
-    take dequant_bf16.
+    take dequant_bf16. Row-wise FP8 (``fmt="fp8_e4m3_rowwise"``, no blocks) takes fold_fp8's
+    cuBLAS GEMM where MXFP4 would, else the reference.
     """
+    if device.type == "cuda" and kernels and fmt == ROWWISE_FP8:
+        aligned = device_capability(device) == HOPPER and not n % SCALED_MM_ALIGN
+        return GemmRoute.FOLD_FP8 if aligned else GemmRoute.REFERENCE
     if device.type != "cuda" or not kernels or (fmt, block_size) != KERNEL_FORMAT:
         return GemmRoute.REFERENCE
     if device_capability(device) != HOPPER or n % SCALED_MM_ALIGN:
