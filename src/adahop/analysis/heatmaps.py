@@ -3,27 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
 from ..atomic import save_figure
 from ..policy.strategies import ROLES
+from .outliers import LayerReport
 
 ROLE_NAMES = {"x": "X (activations)", "w": "W (weights)", "g": "dY (output grads)"}
 
-if TYPE_CHECKING:
-    from .outliers import LayerReport
-
 PATTERN_CODES = {"none": 0, "row": 1, "col": 2}
-
-
-def downsample_abs(t: torch.Tensor, size: int) -> torch.Tensor:
-    """|t| max-pooled so neither side exceeds ``size`` (max keeps outliers visible)."""
-    a = t.detach().float().abs()
-    kr, kc = -(-a.shape[0] // size), -(-a.shape[1] // size)
-    a = torch.nn.functional.pad(a, (0, -a.shape[1] % kc, 0, -a.shape[0] % kr))
-    return torch.nn.functional.max_pool2d(a[None, None], (kr, kc))[0, 0]
 
 
 def _pyplot():

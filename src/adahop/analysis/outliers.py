@@ -18,9 +18,16 @@ from ..formats import quantize_mx
 from ..policy import pattern_stats
 from ..policy.strategies import ROLES
 from ..transforms import hadamard_transform
-from .heatmaps import downsample_abs
 
 HEATMAP_SIZE = 128
+
+
+def downsample_abs(t: torch.Tensor, size: int) -> torch.Tensor:
+    """|t| max-pooled so neither side exceeds ``size`` (max keeps outliers visible)."""
+    a = t.detach().float().abs()
+    kr, kc = -(-a.shape[0] // size), -(-a.shape[1] // size)
+    a = torch.nn.functional.pad(a, (0, -a.shape[1] % kc, 0, -a.shape[0] % kr))
+    return torch.nn.functional.max_pool2d(a[None, None], (kr, kc))[0, 0]
 
 
 @dataclass
