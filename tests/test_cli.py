@@ -119,44 +119,79 @@ def _step_run(recipe: str, mode: str, tokens_per_s: float, reserved: float) -> d
     }
 
 
-def test_step_bench_compares_each_recipe_with_bf16_in_its_fastest_mode():
-    from adahop.bench.step import best_runs, markdown
+def test_step_bench_compares_each_recipe_with_bf16_and_float8_in_their_fastest_modes():
+    from adahop.bench.step import add_ratios, best_runs, markdown, memory_markdown
 
     runs = {
         f"{r}/{m}": _step_run(r, m, t, g)
         for r, m, t, g in (
             ("bf16", "eager", 50e3, 40),
             ("bf16", "compile", 60e3, 38),
+            ("float8_tensorwise", "compile", 66e3, 33),
             ("adahop_lv2", "eager", 40e3, 30),
             ("adahop_lv2", "compile+graph", 72e3, 31),
         )
     }
-    runs["float8_tensorwise/compile"] = {
-        "error": "torchao is not installed",
+    runs["float8_tensorwise/compile+graph"] = {
+        "error": "RuntimeError: capture failed",
         "recipe": "float8_tensorwise",
-        "mode": "compile",
+        "mode": "compile+graph",
     }
-    best = best_runs(runs)
-    assert {k: v["mode"] for k, v in best.items()} == {"bf16": "compile", "adahop_lv2": "compile+graph"}
-    case = {"preset": "llama3_1b", "batch": 4, "seq_len": 2048, "runs": runs}
-    for r in runs.values():
-        if "error" not in r:
-            r["speedup_vs_bf16_best"] = r["tokens_per_s"] / best["bf16"]["tokens_per_s"]
+    runs["float8_rowwise/compile+graph"] = {"error": "torchao is not installed", "recipe": "float8_rowwise"}
+    runs["float8_rowwise/compile+graph"]["mode"] = "compile+graph"
+    runs["adahop_lv2/compile+graph"]["profile"] = {"cuda_ms": 80.0, "families_ms": {"GEMM": 50.0, "other": 30.0}}
     runs["adahop_lv2/compile+graph"]["run_peak_reserved_gib"] = 45.0  # calibration and capture held more
     runs["adahop_lv2/eager"]["run_peak_reserved_gib"] = 30.0  # no higher than its timed steps
-    text = "\n".join(markdown({"vocab_size": 32768, "cases": {"llama3_1b_4x2048": case}}))
-    assert "| adahop_lv2/compile+graph | 72,000 | 1.20x | - |" in text
+    runs["bf16/compile"]["run_peak_reserved_gib"] = 38.0
+    runs["float8_tensorwise/compile"]["run_peak_reserved_gib"] = 36.0
+    best = best_runs(runs)
+    assert {k: v["mode"] for k, v in best.items()} == {
+        "bf16": "compile",
+        "float8_tensorwise": "compile",
+        "adahop_lv2": "compile+graph",
+    }
+    add_ratios(runs)
+    lv2 = runs["adahop_lv2/compile+graph"]
+    assert lv2["speedup_vs_bf16_best"] == pytest.approx(1.2) and lv2["cuda_speedup_vs_bf16_best"] == 1.25
+    assert lv2["speedup_vs_float8_tensorwise"] == pytest.approx(72 / 66)
+    assert lv2["run_peak_reserved_ratio_vs_float8_tensorwise"] == pytest.approx(45 / 36)
+    case = {"preset": "llama3_1b", "batch": 4, "seq_len": 2048, "vocab_size": 128256, "runs": runs}
+    step = {"cases": {"llama3_1b_4x2048": case}}
+    text = "\n".join(markdown(step))
+    assert "micro-batch 4 x 2048 (vocabulary 128256)" in text
+    assert "| adahop_lv2/compile+graph | 72,000 | 1.20x / 1.25x | 1.09x / 1.25x | - |" in text
     assert "| 30.0 / 31.0 (45.0) |" in text  # the whole run's peak beside the steady one
     assert "| 29.0 / 30.0 |" in text and "| 37.0 / 38.0 |" in text  # none where it adds nothing, or unknown
-    assert "| float8_tensorwise/compile | failed: torchao is not installed |" in text
+    assert "| float8_tensorwise/compile+graph | failed: RuntimeError: capture failed |" in text
+    assert "| float8_rowwise/compile+graph | failed: torchao is not installed |" in text
+    memory = "\n".join(memory_markdown(step))
+    assert "| llama3_1b_4x2048 | adahop_lv2 / compile+graph | 31.0 | 45.0 | 1.18x | 1.25x |" in memory
+    assert "| llama3_1b_4x2048 | float8_tensorwise / compile | 33.0 | 36.0 | 0.95x | 1.00x |" in memory
+
+
+def test_step_bench_renders_a_committed_h200_run():
+    """Results from before per-step times and per-case vocabularies still render."""
+    import json
+    from pathlib import Path
+
+    from adahop.bench.step import markdown
+
+    path = Path(__file__).parent.parent / "benchmarks" / "results" / "2026-12-04-h200-step" / "recheck-c340476"
+    step = json.loads((path / "bench.json").read_text())["step"]
+    text = "\n".join(markdown(step))
+    assert "micro-batch 8 x 2048 (vocabulary 32768)" in text
+    assert "| adahop_lv2/compile+graph | 84,952 | 1.12x / - | - / - | - | 192.9 | - | 184.3 |" in text
+    assert "| llama3_1b_8x2048 | bf16 / compile | 45.1 | 45.1 | - | - |" in text
 
 
 def test_step_bench_selects_cases_and_runs_by_name():
     from adahop.bench.step import CASES, select_cases
 
     assert select_cases([]) == CASES
-    (case,) = select_cases(["llama3_3b_4x2048"], ["adahop_lv2/compile+graph", "bf16/graph"])
-    assert case.preset == "llama3_3b" and case.runs == (("adahop_lv2", "compile+graph"), ("bf16", "graph"))
+    (case,) = select_cases(["llama3_3b_4x2048"], ["adahop_lv2/compile+graph", "bf16/fastest"])
+    assert case.preset == "llama3_3b" and case.runs == (("adahop_lv2", "compile+graph"), ("bf16", "fastest"))
+    (accum,) = select_cases(["llama3_1b_2x2048_accum4"], ["bf16/compile"])
+    assert (accum.batch, accum.accum, accum.tokens_per_step) == (2, 4, 8 * 2048)
     one, three = select_cases(
         ["llama3_1b_4x2048", "llama3_3b_4x2048"], ["bf16/compile", "llama3_3b_4x2048:adahop_lv2/eager"]
     )

@@ -35,10 +35,14 @@ EXTRA_FIGURES = {
     "train_step_speedup_vs_bf16_1b_8x": "llama3_1b 8x2048 training step, adahop_lv2 vs bf16, best modes (tokens/s)",
     "train_step_speedup_vs_bf16_3b": "llama3_3b 4x2048 training step, adahop_lv2 vs bf16, best modes (tokens/s)",
     "train_step_speedup_vs_float8": "llama3_1b 4x2048 training step, adahop_lv2 vs torchao float8 tensorwise, best modes",
+    "train_step_speedup_vs_float8_1b_8x": "llama3_1b 8x2048 training step, adahop_lv2 vs torchao float8 tensorwise, best modes",
     "train_step_speedup_vs_float8_3b": "llama3_3b 4x2048 training step, adahop_lv2 vs torchao float8 tensorwise, best modes",
     "peak_memory_ratio_vs_bf16": "llama3_1b 8x2048 peak reserved memory, adahop_lv2 / bf16, best modes",
     "run_peak_memory_ratio_vs_bf16": (
         "llama3_1b 8x2048 peak reserved memory of the whole run (calibration, capture), adahop_lv2 / bf16, best modes"
+    ),
+    "run_peak_memory_ratio_vs_float8": (
+        "llama3_1b 8x2048 peak reserved memory of the whole run, adahop_lv2 / torchao float8 tensorwise, best modes"
     ),
     "linear_fwd_bwd_speedup_vs_bf16_lv1": "AdaHOPLinear fwd+bwd, calibrated lv1 mix vs nn.Linear",
     "saved_activation_compression_lv1": "saved activations, BF16 / AdaHOP, calibrated lv1 mix",
@@ -82,7 +86,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--step-runs",
         default="",
-        help="comma-separated subset of each step case's runs (e.g. bf16/compile,adahop_lv2/compile+graph)",
+        help="comma-separated subset of each step case's runs (e.g. bf16/fastest,adahop_lv2/compile+graph)",
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="the step section on the CPU with a 2-layer model and a few steps: checks the plumbing, measures nothing",
     )
     args = parser.parse_args(argv)
     sections = [s for s in args.only.split(",") if s]
@@ -92,8 +101,10 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    if not torch.cuda.is_available():
-        parser.error("benchmarks need a CUDA GPU")
+    if args.dry_run and sections != ["step"]:
+        parser.error("--dry-run runs the step section only: pass --only step")
+    if not torch.cuda.is_available() and not args.dry_run:
+        parser.error("benchmarks need a CUDA GPU (--only step --dry-run checks the step bench on the CPU)")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
     report = environment()
@@ -101,13 +112,17 @@ def main(argv: list[str] | None = None) -> int:
         options = {"sweep": True} if section == "quantize" and args.quantize_sweep else {}
         if section == "step" and args.out:
             options["partial"] = args.out.with_suffix(".partial.json")
+        if section == "step" and args.dry_run:
+            from .step import DRY_RUN, DRY_RUN_CASES
+
+            options |= {"settings": DRY_RUN, "cases": DRY_RUN_CASES}
         if section == "step" and (args.step_cases or args.step_runs):
-            from .step import select_cases
+            from .step import CASES, DRY_RUN_CASES, select_cases
 
             names = [k for k in args.step_cases.split(",") if k]
             runs = [r for r in args.step_runs.split(",") if r] or None
             try:
-                options["cases"] = select_cases(names, runs)
+                options["cases"] = select_cases(names, runs, DRY_RUN_CASES if args.dry_run else CASES)
             except ValueError as err:
                 parser.error(str(err))
         result = importlib.import_module(f"{__name__}.{section}").run(**options)

@@ -36,7 +36,7 @@ def environment() -> dict:
     import triton
 
     return {
-        "gpu": torch.cuda.get_device_name(),
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU (a CPU dry run)",
         "torch": torch.__version__,
         "triton": triton.__version__,
         "cuda": torch.version.cuda,

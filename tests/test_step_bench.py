@@ -1,0 +1,140 @@
+"""The step bench (``adahop bench --only step``) on the CPU: its dry run end to end, and the
+preparation roofline's byte model against the ops a layer really runs."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from adahop import ops
+from adahop.bench import roofline
+from adahop.bench.step import DRY_RUN, Case, markdown, memory_markdown, run
+from adahop.nn import AdaHOPLinear
+from adahop.policy.strategies import LayerPlan
+
+T, IN, OUT = 128, 64, 96
+
+
+class _PreparationTrace(TorchDispatchMode):
+    """Calls and bytes (every input and output tensor but the 0-dim rounding seed) of the preparation
+    ops, by roofline family.
+    An ``mx_matmul`` counts as the two folds the fold_fp8 route runs inside it (``kernels.gemm``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: dict[str, int] = {}
+        self.bytes: dict[str, int] = {}
+
+    def _add(self, family: str, nbytes: int) -> None:
+        self.calls[family] = self.calls.get(family, 0) + 1
+        self.bytes[family] = self.bytes.get(family, 0) + nbytes
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        tensors = [
+            t for t in (*args, *(out if isinstance(out, tuple) else (out,))) if isinstance(t, torch.Tensor) and t.dim()
+        ]
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        name = func.name()
+        if name == "adahop::quantize_mx":
+            self._add(roofline.QUANTIZE_COLS if args[2] % 2 == 0 else roofline.QUANTIZE_ROWS, nbytes)
+        elif name == "adahop::quantize_fold_fp8":
+            self._add(roofline.QUANTIZE_FOLD, nbytes)
+        elif name == "adahop::fold_fp8":
+            self._add(roofline.FOLD, nbytes)
+        elif name == "adahop::top_rows":
+            self._add(roofline.SELECT, nbytes)
+        elif name == "adahop::mx_matmul":
+            a_data, a_scales, b_data, b_scales, _, block = args[:6]
+            for data, scales in ((a_data, a_scales), (b_data, b_scales)):
+                rows, k = data.shape[0], scales.shape[1] * block
+                self._add(roofline.FOLD, data.numel() + scales.numel() + rows * k + 8 * rows)
+        return out
+
+
+@pytest.mark.parametrize(
+    "plan",
+    [
+        ("iht", "iht", "iht"),
+        ("oe_left", "oe_right", "iht"),
+        ("oe_right", "oe_left", "oe_right"),
+        ("mxfp4", "bf16", "mxfp4"),
+        ("bf16", "iht", "bf16"),
+    ],
+)
+def test_roofline_bytes_are_what_the_layer_reads_and_writes(plan, monkeypatch):
+    """The model's calls and bytes per family for one layer's forward and backward equal the sizes of
+    the tensors its ops take and return, on the Hopper route (every GEMM folds into FP8)."""
+    monkeypatch.setattr(ops, "folds_into_fp8", lambda device, n: True)
+    torch.manual_seed(0)
+    layer = AdaHOPLinear(IN, OUT, bias=False, recipe="adahop_lv2", dtype=torch.bfloat16)
+    layer.set_plan(LayerPlan(*plan))
+    x = torch.randn(T, IN, dtype=torch.bfloat16, requires_grad=True)
+    trace = _PreparationTrace()
+    with trace:
+        layer(x).float().square().sum().backward()
+    model = roofline.preparation_passes([roofline.Layer("layers.0.attention.wo", IN, OUT, *plan)], T, merged=False)
+    assert {f: p.calls for f, p in model.items()} == trace.calls
+    assert {f: p.bytes for f, p in model.items()} == trace.bytes
+
+
+def test_roofline_counts_a_shared_input_once_where_compiled_blocks_merge_its_calls():
+    layers = [
+        roofline.Layer(f"layers.0.attention.{name}", 64, 64, forward, "iht", "iht")
+        for name, forward in (("wq", "iht"), ("wk", "iht"), ("wv", "oe_left"))
+    ]
+    eager = roofline.preparation_passes(layers, T, merged=False)
+    compiled = roofline.preparation_passes(layers, T, merged=True)
+    # X quantized once for wq and wk (equal calls), once for wv (it records scores); Xᵀ once for all three
+    assert eager[roofline.QUANTIZE_FOLD].calls - compiled[roofline.QUANTIZE_FOLD].calls == 1
+    assert eager[roofline.QUANTIZE_COLS].calls - compiled[roofline.QUANTIZE_COLS].calls == 2
+    assert eager[roofline.FOLD].calls == compiled[roofline.FOLD].calls  # each consumer folds its own operand
+    twice = roofline.preparation_passes(layers, T, merged=True, micro_steps=4)
+    assert twice[roofline.FOLD].bytes == 4 * compiled[roofline.FOLD].bytes
+
+
+def test_roofline_table_sets_time_against_the_floor():
+    layer = {"name": "layers.0.feed_forward.w2", "in_features": 8192, "out_features": 2048}
+    result = {
+        "layers": [layer | {"forward": "iht", "dgrad": "iht", "wgrad": "bf16"}],
+        "tokens_per_micro_step": 16384,
+        "accum": 1,
+        "merged": True,
+        "profile": {"cuda_ms": 100.0, "preparation": {roofline.QUANTIZE_FOLD: {"ms": 0.5, "calls": 3}}},
+    }
+    table = roofline.roofline(result, copy_gb_per_s=4000.0)
+    fold = table["families"][roofline.QUANTIZE_FOLD]
+    # X [16384, 8192], W [2048, 8192], dY [16384, 2048]: 2 bytes read, 1 written and 8 per row, each
+    elements, rows = 16384 * 8192 + 2048 * 8192 + 16384 * 2048, 16384 + 2048 + 16384
+    assert fold["gb"] * 1e9 == pytest.approx(3 * elements + 8 * rows)
+    assert fold["tb_per_s"] == pytest.approx(fold["gb"] / 0.5)
+    assert fold["x_floor"] == pytest.approx(0.5 / (fold["gb"] / 4.0))
+    assert fold["calls_model"] == 3 and fold["calls_profiled"] == 3
+    assert table["families"][roofline.FOLD]["calls_profiled"] == 0  # modelled, not seen: shows as missing
+    text = "\n".join(roofline.markdown("case run", table))
+    assert "| fold | 1 / 0 (differ) |" in text and "| quantize-fold rows | 3 / 3 |" in text
+    assert table["total"]["fraction_of_step"] == pytest.approx(0.005)
+
+
+def test_step_bench_dry_run_falls_back_times_every_step_and_accumulates(corpus):
+    """The whole step bench on the CPU: ``fastest`` records the graph mode's failure (no graph on
+    the CPU) and runs the next mode; every timed step is timed; accumulation multiplies the tokens."""
+    settings = replace(DRY_RUN, data=str(corpus))
+    cases = (Case("tiny", 2, (("bf16", "fastest"), ("adahop_lv2", "eager")), accum=2, seq_len=32),)
+    result = run(cases, settings=settings)
+    runs = result["cases"]["tiny_2x32_accum2"]["runs"]
+    assert list(runs) == ["bf16/graph", "bf16/eager", "adahop_lv2/eager"]
+    assert "no CUDA graph was captured" in runs["bf16/graph"]["error"]
+    lv2 = runs["adahop_lv2/eager"]
+    assert len(lv2["step_ms_each"]) == settings.timed_steps
+    assert lv2["step_ms_min"] <= lv2["step_ms_median"] <= lv2["step_ms_max"]
+    assert lv2["tokens_per_s"] == pytest.approx(2 * 2 * 32 * 1e3 / lv2["step_ms"])
+    assert lv2["speedup_vs_bf16_best"] == pytest.approx(lv2["tokens_per_s"] / runs["bf16/eager"]["tokens_per_s"])
+    assert lv2["accum"] == 2 and {layer["name"].rsplit(".", 1)[1] for layer in lv2["layers"]} >= {"wq", "w2"}
+    text = "\n".join(markdown(result))
+    assert "2 micro-batches of 2 x 32 (vocabulary 512)" in text
+    assert "| bf16/graph | failed: RuntimeError: mode graph: no CUDA graph was captured on cpu |" in text
+    assert "| tiny_2x32_accum2 | adahop_lv2 / eager | - | - | - | - |" in "\n".join(memory_markdown(result))
+    table = roofline.roofline(lv2, copy_gb_per_s=4000.0)  # no kernels on the CPU: bytes only
+    assert table["total"]["gb"] > 0 and all(r["calls_profiled"] == 0 for r in table["families"].values())
