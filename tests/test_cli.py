@@ -176,7 +176,7 @@ def test_step_bench_renders_a_committed_h200_run():
 
     from adahop.bench.step import markdown
 
-    path = Path(__file__).parent.parent / "benchmarks" / "results" / "2026-12-04-h200-step" / "recheck-c340476"
+    path = Path(__file__).parent.parent / "benchmarks" / "step" / "2026-12-04-h200-step" / "recheck-c340476"
     step = json.loads((path / "bench.json").read_text())["step"]
     text = "\n".join(markdown(step))
     assert "micro-batch 8 x 2048 (vocabulary 32768)" in text

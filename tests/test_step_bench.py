@@ -39,6 +39,8 @@ class _PreparationTrace(TorchDispatchMode):
         name = func.name()
         if name == "adahop::quantize_mx":
             self._add(roofline.QUANTIZE_COLS if args[2] % 2 == 0 else roofline.QUANTIZE_ROWS, nbytes)
+        elif name == "adahop::quantize_fp8_rowwise":
+            self._add(roofline.QUANTIZE_FP8, nbytes)
         elif name == "adahop::quantize_fold_fp8":
             self._add(roofline.QUANTIZE_FOLD, nbytes)
         elif name == "adahop::fold_fp8":
@@ -54,27 +56,32 @@ class _PreparationTrace(TorchDispatchMode):
 
 
 @pytest.mark.parametrize(
-    "plan",
-    [
-        ("iht", "iht", "iht"),
-        ("oe_left", "oe_right", "iht"),
-        ("oe_right", "oe_left", "oe_right"),
-        ("mxfp4", "bf16", "mxfp4"),
-        ("bf16", "iht", "bf16"),
+    ("recipe", "plan"),
+    [("adahop_lv1_fp8_forward", ("mxfp4", "iht", "iht")), ("adahop_lv1_fp8_forward", ("oe_left", "oe_left", "bf16"))]
+    + [
+        ("adahop_lv2", plan)
+        for plan in [
+            ("iht", "iht", "iht"),
+            ("oe_left", "oe_right", "iht"),
+            ("oe_right", "oe_left", "oe_right"),
+            ("mxfp4", "bf16", "mxfp4"),
+            ("bf16", "iht", "bf16"),
+        ]
     ],
 )
-def test_roofline_bytes_are_what_the_layer_reads_and_writes(plan, monkeypatch):
+def test_roofline_bytes_are_what_the_layer_reads_and_writes(recipe, plan, monkeypatch):
     """The model's calls and bytes per family for one layer's forward and backward equal the sizes of
     the tensors its ops take and return, on the Hopper route (every GEMM folds into FP8)."""
     monkeypatch.setattr(ops, "folds_into_fp8", lambda device, n: True)
     torch.manual_seed(0)
-    layer = AdaHOPLinear(IN, OUT, bias=False, recipe="adahop_lv2", dtype=torch.bfloat16)
+    layer = AdaHOPLinear(IN, OUT, bias=False, recipe=recipe, dtype=torch.bfloat16)
     layer.set_plan(LayerPlan(*plan))
     x = torch.randn(T, IN, dtype=torch.bfloat16, requires_grad=True)
     trace = _PreparationTrace()
     with trace:
         layer(x).float().square().sum().backward()
-    model = roofline.preparation_passes([roofline.Layer("layers.0.attention.wo", IN, OUT, *plan)], T, merged=False)
+    shape = roofline.Layer("layers.0.attention.wo", IN, OUT, *plan, forward_fmt=layer.recipe.forward_fmt)
+    model = roofline.preparation_passes([shape], T, merged=False)
     assert {f: p.calls for f, p in model.items()} == trace.calls
     assert {f: p.bytes for f, p in model.items()} == trace.bytes
 

@@ -7,6 +7,7 @@ Hopper route (``policy.routes``: fold_fp8), with the bytes each pass reads and w
 | operand (GEMM)       | pass                                        | shape read     |
 |----------------------|---------------------------------------------|----------------|
 | X, W (forward)       | quantize-fold rows, straight into E4M3      | [T, in], [out, in] |
+| X, W (FP8 forward)   | quantize FP8 rows (``forward_fmt``)         | [T, in], [out, in] |
 | Xᵀ (wgrad), Wᵀ (dgrad), saved | quantize cols, packed MXFP4        | [T, in], [out, in] |
 | dY (dgrad)           | quantize-fold rows                          | [T, out]       |
 | dYᵀ (wgrad)          | quantize cols                               | [T, out]       |
@@ -19,7 +20,8 @@ Compiled blocks merge equal calls (``ops``: layers sharing an input, ``wq``/``wk
 consumer folds inside its GEMM). Time per family comes from the profiled step's kernels, and the
 calls the model predicts sit beside the calls the profiler counted, so a model that no longer
 matches the code shows. Not modelled: the casts that feed the quantizers (the FP32 master weight
-to BF16 is autocast's, as in BF16) and the gather of extracted outlier rows (k rows per operand).
+to BF16 is autocast's, as in BF16) and the gather of extracted outlier rows (k rows per operand), and the separate Hadamard pass of an FP8
+forward with one (its quantizer does not fuse it).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass
 
+from ..formats.rowwise import ROWWISE_FP8, ROWWISE_K_ALIGN
 from ..policy.strategies import Strategy
 
 INPUT_BYTES = 2  # the quantizers read BF16 (autocast)
@@ -36,6 +39,7 @@ SCORE_BYTES = 4  # a float32 outlier score per stored row, when the pass records
 MX_BLOCK = 32
 
 QUANTIZE_FOLD = "quantize-fold rows"
+QUANTIZE_FP8 = "quantize FP8 rows"
 QUANTIZE_COLS = "quantize cols"
 QUANTIZE_ROWS = "quantize rows"
 FOLD = "fold"
@@ -43,6 +47,7 @@ SELECT = "select top rows"
 # Preparation kernels by name fragment, first match wins.
 KERNEL_FAMILIES = (
     (QUANTIZE_FOLD, ("_quantize_fold_rows_kernel",)),
+    (QUANTIZE_FP8, ("_quantize_rowwise_kernel",)),
     (QUANTIZE_COLS, ("_quantize_cols_kernel",)),
     (QUANTIZE_ROWS, ("_quantize_rows_kernel", "_quantize_mx_kernel")),
     (FOLD, ("_fold_kernel",)),
@@ -71,6 +76,7 @@ class Layer:
     forward: str
     dgrad: str
     wgrad: str
+    forward_fmt: str | None = None  # the recipe's: None is the MXFP4 of the other GEMMs
 
 
 @dataclass
@@ -85,6 +91,12 @@ def _quantize_bytes(rows: int, k: int, *, folded: bool, scores: bool) -> int:
     read = INPUT_BYTES * rows * k
     write = rows * k + SCALE_BYTES_PER_ROW * rows if folded else rows * k // 2 + math.ceil(k / MX_BLOCK) * rows
     return read + write + (SCORE_BYTES * rows if scores else 0)
+
+
+def _fp8_rows_bytes(rows: int, k: int, *, scores: bool) -> int:
+    """Row-wise E4M3 of ``rows`` x ``k`` BF16 values: a byte each (K padded) and a float32 row scale."""
+    padded = -(-k // ROWWISE_K_ALIGN) * ROWWISE_K_ALIGN
+    return INPUT_BYTES * rows * k + rows * padded + 4 * rows + (SCORE_BYTES * rows if scores else 0)
 
 
 def _fold_bytes(rows: int, k: int) -> int:
@@ -121,9 +133,13 @@ def preparation_passes(
         if fwd is not Strategy.BF16:
             rotate = fwd is not Strategy.MXFP4
             x_scores, w_scores = fwd is Strategy.OE_LEFT, fwd is Strategy.OE_RIGHT
-            key = ("X", source, rotate, x_scores)
-            add(QUANTIZE_FOLD, _quantize_bytes(T, n_in, folded=True, scores=x_scores), key)
-            add(QUANTIZE_FOLD, _quantize_bytes(n_out, n_in, folded=True, scores=w_scores))
+            key = ("X", source, layer.forward_fmt, rotate, x_scores)
+            if layer.forward_fmt == ROWWISE_FP8:
+                add(QUANTIZE_FP8, _fp8_rows_bytes(T, n_in, scores=x_scores), key)
+                add(QUANTIZE_FP8, _fp8_rows_bytes(n_out, n_in, scores=w_scores))
+            else:
+                add(QUANTIZE_FOLD, _quantize_bytes(T, n_in, folded=True, scores=x_scores), key)
+                add(QUANTIZE_FOLD, _quantize_bytes(n_out, n_in, folded=True, scores=w_scores))
             if x_scores:
                 select(T, key)
             if w_scores:

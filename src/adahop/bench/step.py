@@ -194,6 +194,7 @@ def plan_layers(model: torch.nn.Module) -> list[dict]:
             "in_features": layer.in_features,
             "out_features": layer.out_features,
             **{gemm: s.value for gemm, s in layer.plan.strategies().items()},
+            "forward_fmt": layer.recipe.forward_fmt,
         }
         for name, layer in adahop_layers(model).items()
         if layer.plan is not None
