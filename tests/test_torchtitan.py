@@ -78,6 +78,30 @@ def test_converter_swaps_block_linears_and_keeps_the_lm_head():
         AdaHOPConverter.Config(recipe="nope").build()
 
 
+def test_converter_applies_convert_models_rule_and_names_the_layers_it_keeps():
+    """One rule (``nn.convert.conversion_verdict``): a subclass of Linear and a layer that is not whole MX
+    blocks stay Linear, named in one warning, as under ``convert_model``."""
+    from dataclasses import dataclass, fields
+
+    @dataclass(kw_only=True, slots=True)
+    class OwnLinear(Linear.Config):
+        pass
+
+    config = debug_config(1)
+    found = {fqn: (cfg, parent, attr) for fqn, cfg, parent, attr in config.traverse(Linear.Config)}
+    w1, parent, attr = found["layers.0.feed_forward.w1"]
+    setattr(parent, attr, OwnLinear(**{f.name: getattr(w1, f.name) for f in fields(w1)}))
+    found["layers.0.feed_forward.w2"][0].in_features = 300  # >= min_features, not whole blocks
+    with pytest.warns(UserWarning) as record:
+        AdaHOPConverter.Config().build().convert(config)
+    assert len(record) == 1
+    message = str(record[0].message)
+    assert "OwnLinear, a subclass" in message and "layers.0.feed_forward.w2 (300->256" in message
+    kinds = {fqn: type(cfg) for fqn, cfg, _, _ in config.traverse(Linear.Config)}
+    assert kinds["layers.0.feed_forward.w1"] is OwnLinear and kinds["layers.0.feed_forward.w2"] is Linear.Config
+    assert kinds["layers.0.feed_forward.w3"] is AdaHOPTitanLinear.Config
+
+
 def debug_config(n_layers, recipe=None):
     """The debug model cut to ``n_layers`` blocks (CPU time), converted as ``model_registry`` does."""
     config = llama3_configs["debugmodel"](attn_backend="flex")
@@ -163,3 +187,31 @@ def test_scoped_bf16_gemms_and_bf16_layers_reach_the_built_layers_and_a_typo_is_
     typo.write_text('name = "mxfp4"\nbf16_gemms = ["dgrad@*.nosuchlayer"]\n')
     with pytest.raises(ValueError, match="'dgrad@\\*.nosuchlayer' matches no converted layer"):
         debug_config(2, typo)
+
+
+def test_without_triton_the_import_says_what_to_install(tmp_path):
+    """torchtitan 0.3's model code imports Triton; the ``torchtitan`` extra installs it, and without it
+    the import error says so in one line."""
+    import os
+    import subprocess
+    import sys
+
+    block = (
+        "import sys, importlib.abc\n"
+        "class NoTriton(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name.split('.')[0] == 'triton':\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+        "sys.meta_path.insert(0, NoTriton())\n"
+        "import adahop.integrations.torchtitan\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", block],
+        capture_output=True,
+        text=True,
+        env=os.environ | {"PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1] == (
+        'ImportError: torchtitan 0.3 needs Triton to import (its MoE kernels): pip install "adahop[torchtitan]" installs it'
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,43 +15,109 @@ from .linear import AdaHOPLinear
 ModuleFilter = Callable[[nn.Module, str], bool]
 
 
+def conversion_verdict(
+    name: str,
+    in_features: int,
+    out_features: int,
+    recipe: Recipe,
+    exclude: tuple[str, ...] | list[str] = (),
+    min_features: int = 0,
+    subclass: str | None = None,
+) -> str | None:
+    """The one rule of which linear layers become ``AdaHOPLinear``, for ``convert_model`` and both
+    torchtitan converters. A layer is converted unless
+
+    - its name matches ``recipe.exclude`` (the LM head: ``output``, ``lm_head``) or ``exclude``
+      (fnmatch on the full name or its last part). The LM head is known **by name only**: a model that
+      names it otherwise (the last ``nn.Linear`` of an ``nn.Sequential`` is ``"2"``) names it in ``exclude``;
+    - it is smaller than ``min_features`` on either side (default 0: none; torchtitan's default is 256);
+    - it is a subclass of ``nn.Linear`` (``subclass``: its class name): its forward is its own;
+    - ``in_features`` or ``out_features`` is not a multiple of ``recipe.block_size``: every GEMM of the
+      layer has one of them as its K, and the MX kernels need whole blocks.
+
+    Returns None to convert, ``""`` to keep the layer as asked (the first two), or why a layer that
+    looks convertible is kept (the last two), which the caller reports (``warn_kept``).
+    """
+    if name_matches(name, (*recipe.exclude, *exclude)) or min(in_features, out_features) < min_features:
+        return ""
+    if subclass is not None:
+        return f"{subclass}, a subclass of Linear with its own forward"
+    block = recipe.block_size
+    if in_features % block or out_features % block:
+        return f"{in_features}->{out_features}, not whole MX blocks of {block}"
+    return None
+
+
+def warn_kept(kept: dict[str, str], what: str = "convert_model") -> None:
+    """One warning line naming the layers ``conversion_verdict`` kept for a reason."""
+    if kept:
+        listed = "; ".join(f"{name or '<root>'} ({why})" for name, why in list(kept.items())[:5])
+        more = f"; and {len(kept) - 5} more" if len(kept) > 5 else ""
+        warnings.warn(
+            f"{what} left {len(kept)} linear layers unconverted: {listed}{more} "
+            "(name them in exclude= to keep them quietly)",
+            stacklevel=3,
+        )
+
+
 def convert_model(
     model: nn.Module,
     recipe: str | Recipe | dict = DEFAULT_RECIPE,
     *,
     filter_fn: ModuleFilter | None = None,
     plan: ModelPlan | str | Path | None = None,
+    exclude: tuple[str, ...] | list[str] = (),
+    min_features: int = 0,
 ) -> nn.Module:
-    """Replace every ``nn.Linear`` (except excluded ones) by an ``AdaHOPLinear`` sharing its parameters.
+    """Replace the ``nn.Linear`` modules that ``conversion_verdict`` accepts by ``AdaHOPLinear``
+    modules sharing their parameters; warn in one line about those it keeps for a reason.
 
     Args:
         recipe: a registered name (``adahop.RECIPES``; default ``DEFAULT_RECIPE``), a ``Recipe``, a dict
             of recipe fields or a .toml/.json path.
         filter_fn: ``filter_fn(module, fqn) -> bool``; modules it rejects stay ``nn.Linear``.
-            Modules matching ``recipe.exclude`` (the LM head by default) always stay; those
-            matching ``recipe.bf16_layers`` are converted with all three GEMMs in BF16, and
+            Modules matching ``recipe.bf16_layers`` are converted with all three GEMMs in BF16, and
             ``recipe.bf16_gemms_for(fqn)`` says which GEMMs the others keep in BF16.
         plan: a frozen plan (``ModelPlan`` or its JSON path) to skip calibration.
+        exclude, min_features: see ``conversion_verdict``.
 
     Returns the same model object, converted in place; a bare ``nn.Linear`` cannot be replaced in
     place, so for one the new ``AdaHOPLinear`` (sharing its parameters) is returned.
     """
     recipe = get_recipe(recipe)
-    if type(model) is nn.Linear:
-        return _convert_root(model, recipe, filter_fn, plan)
-    targets = [
-        (name, module)
-        for name, module in model.named_modules()
-        if type(module) is nn.Linear
-        and not name_matches(name, recipe.exclude)
-        and (filter_fn is None or filter_fn(module, name))
-    ]
-    check_patterns(recipe, [name for name, _ in targets])
-    for layer_id, (name, linear) in enumerate(targets):
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
+    root = isinstance(model, nn.Linear)
+    candidates = [("", model)] if root else list(model.named_modules())
+    targets, kept, converted = [], {}, []
+    for name, module in candidates:
+        if isinstance(module, AdaHOPLinear):
+            converted.append((name, module))
+            continue
+        if not isinstance(module, nn.Linear) or (filter_fn is not None and not filter_fn(module, name)):
+            continue
+        subclass = None if type(module) is nn.Linear else type(module).__name__
+        verdict = conversion_verdict(
+            name, module.in_features, module.out_features, recipe, exclude, min_features, subclass
+        )
+        if verdict is None:
+            targets.append((name, module))
+        elif verdict:
+            kept[name] = verdict
+    others = sorted({m.recipe.name for _, m in converted if m.recipe != recipe})
+    if others:
+        raise ValueError(
+            f"the model is already converted with recipe {others[0]!r} ({len(converted)} layers, e.g. "
+            f"{converted[0][0] or '<root>'}); convert_model with {recipe.name!r} would not change them: "
+            "convert the unconverted model instead"
+        )
+    warn_kept(kept)
+    check_patterns(recipe, [name for name, _ in converted + targets])
+    for layer_id, (name, linear) in enumerate(targets, start=len(converted)):
         layer = AdaHOPLinear.from_linear(linear, recipe, layer_id, recipe.bf16_gemms_for(name))
-        setattr(parent, child, layer)
+        if root:
+            model = layer
+        else:
+            parent_name, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent_name) if parent_name else model, child, layer)
     if plan is not None:
         load_plan(model, plan)
     return model
@@ -67,19 +134,6 @@ def check_patterns(recipe: Recipe, names: list[str]) -> None:
                 f"recipe {recipe.name!r}: {what} matches no converted layer; "
                 f"names look like {names[:3]} (fnmatch on the full name or its last part)"
             )
-
-
-def _convert_root(
-    linear: nn.Linear, recipe: Recipe, filter_fn: ModuleFilter | None, plan: ModelPlan | str | Path | None
-) -> nn.Module:
-    """``convert_model`` of a model that is itself an ``nn.Linear`` (its name is ``""``)."""
-    if filter_fn is not None and not filter_fn(linear, ""):
-        return linear
-    check_patterns(recipe, [""])
-    layer = AdaHOPLinear.from_linear(linear, recipe, bf16_gemms=recipe.bf16_gemms_for(""))
-    if plan is not None:
-        load_plan(layer, plan)
-    return layer
 
 
 def adahop_layers(model: nn.Module) -> dict[str, AdaHOPLinear]:

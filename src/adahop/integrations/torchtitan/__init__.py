@@ -23,7 +23,14 @@ try:
     from torchtitan.protocols.model_converter import register_model_converter  # noqa: F401
 except ImportError:
     API = "0.3"
-    from .config_converter import AdaHOPConverter, AdaHOPTitanLinear
+    try:
+        from .config_converter import AdaHOPConverter, AdaHOPTitanLinear
+    except ModuleNotFoundError as e:  # torchtitan 0.3's model code imports Triton kernels unconditionally
+        if e.name != "triton":
+            raise
+        raise ImportError(
+            'torchtitan 0.3 needs Triton to import (its MoE kernels): pip install "adahop[torchtitan]" installs it'
+        ) from None
 
     __all__ = ["API", "AdaHOPConverter", "AdaHOPTitanLinear"]
 else:

@@ -13,10 +13,10 @@ from torchtitan.components.quantization import QuantizationConverter
 from torchtitan.models.common.linear import Linear
 from torchtitan.protocols.module import Module
 
-from ...nn.convert import check_patterns
+from ...nn.convert import check_patterns, conversion_verdict, warn_kept
 from ...nn.linear import AdaHOPLinear
 from ...recipes import DEFAULT_RECIPE, get_recipe
-from .filter import DEFAULT_MIN_FEATURES, should_convert
+from .filter import DEFAULT_MIN_FEATURES
 
 
 class AdaHOPTitanLinear(AdaHOPLinear, Module):
@@ -43,7 +43,7 @@ class AdaHOPTitanLinear(AdaHOPLinear, Module):
 
 
 class AdaHOPConverter(QuantizationConverter):
-    """Swap torchtitan's ``Linear`` layers for ``AdaHOPLinear`` (see ``should_convert``).
+    """Swap torchtitan's ``Linear`` layers for ``AdaHOPLinear`` (``nn.convert.conversion_verdict``).
 
     Calibration needs no trainer hook: each layer votes its outlier patterns from module
     hooks during the first ``recipe.calibration_steps`` training steps, then freezes its plan,
@@ -69,10 +69,15 @@ class AdaHOPConverter(QuantizationConverter):
     def convert(self, model_config: Module.Config) -> Module.Config:
         c = self.config
         converted: list[str] = []
+        kept: dict[str, str] = {}
         for fqn, linear, parent, attr in model_config.traverse(Linear.Config):
-            if type(linear) is not Linear.Config:  # a subclass has its own forward: leave it
-                continue
-            if not should_convert(fqn, linear.in_features, linear.out_features, self.recipe, c.exclude, c.min_features):
+            subclass = None if type(linear) is Linear.Config else type(linear).__qualname__
+            verdict = conversion_verdict(
+                fqn, linear.in_features, linear.out_features, self.recipe, c.exclude, c.min_features, subclass
+            )
+            if verdict is not None:
+                if verdict:
+                    kept[fqn] = verdict
                 continue
             new = AdaHOPTitanLinear.Config(
                 **{f.name: getattr(linear, f.name) for f in fields(linear)},
@@ -87,5 +92,6 @@ class AdaHOPConverter(QuantizationConverter):
                 parent[attr] = new
             else:
                 setattr(parent, attr, new)
+        warn_kept(kept, "AdaHOPConverter")
         check_patterns(self.recipe, converted)  # a bf16_layers / ROLE@PATTERN typo is an error, as in convert_model
         return model_config

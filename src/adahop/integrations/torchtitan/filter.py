@@ -1,21 +1,5 @@
-"""Which of torchtitan's linear layers become ``AdaHOPLinear``."""
+"""torchtitan's default for which linear layers stay ``Linear`` (the rule: ``nn.convert.conversion_verdict``)."""
 
-from __future__ import annotations
-
-from ...recipes import name_matches
-from ...recipes import Recipe
-
+# Layers with fewer features on either side stay Linear under the torchtitan converters by default:
+# 4-bit GEMMs that small save nothing, and a mixture-of-experts router (one output per expert) is one.
 DEFAULT_MIN_FEATURES = 256
-
-
-def should_convert(
-    fqn: str, in_features: int, out_features: int, recipe: Recipe, exclude: list[str], min_features: int
-) -> bool:
-    """True unless ``fqn`` matches ``recipe.exclude`` or ``exclude`` (fnmatch on the name or its
-    last part; the LM head by default), a dimension is not a multiple of the MX block, or the
-    layer is smaller than ``min_features`` on either side (4-bit GEMMs that small save nothing
-    and cost accuracy)."""
-    if name_matches(fqn, (*recipe.exclude, *exclude)):
-        return False
-    block = recipe.block_size
-    return in_features % block == 0 and out_features % block == 0 and min(in_features, out_features) >= min_features

@@ -21,7 +21,7 @@ from torchtitan.tools.logging import logger
 
 from ...nn.convert import adahop_layers, convert_model, model_plan
 from ...recipes import DEFAULT_RECIPE, get_recipe
-from .filter import DEFAULT_MIN_FEATURES, should_convert
+from .filter import DEFAULT_MIN_FEATURES
 
 CONVERTER_NAME = "adahop"
 PLAN_FILE = "adahop_plan.json"  # in the job's dump folder
@@ -47,7 +47,7 @@ class JobConfig:
 
 
 class AdaHOPModelConverter:
-    """``--model.converters adahop``: swap ``nn.Linear`` for ``AdaHOPLinear`` (see ``should_convert``)."""
+    """``--model.converters adahop``: swap ``nn.Linear`` for ``AdaHOPLinear`` (``nn.convert.conversion_verdict``)."""
 
     def __init__(self, job_config: TitanJobConfig, parallel_dims: ParallelDims | None) -> None:
         self.options = getattr(job_config, "adahop", None) or AdaHOPOptions()
@@ -58,11 +58,7 @@ class AdaHOPModelConverter:
 
     def convert(self, model: nn.Module) -> None:
         o = self.options
-
-        def keep(module: nn.Linear, fqn: str) -> bool:
-            return should_convert(fqn, module.in_features, module.out_features, self.recipe, o.exclude, o.min_features)
-
-        convert_model(model, self.recipe, filter_fn=keep)
+        convert_model(model, self.recipe, exclude=o.exclude, min_features=o.min_features)
         logger.info(
             "adahop: %d linear layers converted (recipe %s); they calibrate for %d steps, then freeze their plans",
             len(adahop_layers(model)),
