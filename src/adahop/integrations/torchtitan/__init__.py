@@ -2,14 +2,15 @@
 
 Two torchtitan APIs, picked by what the installed torchtitan provides:
 
-- **0.3.x** (needs torch >= 2.13): ``AdaHOPConverter.Config(...)`` in
+- **0.3.x** (imports on torch >= 2.13, with Triton): ``AdaHOPConverter.Config(...)`` in
   ``model_registry(flavor, converters=[...])``; ``--module adahop.integrations.torchtitan
-  --config llama3_debugmodel_adahop`` runs the ready-made config (``config_registry``).
+  --config llama3_debugmodel_adahop`` runs the ready-made config (``config_registry``) where
+  torchtitan 0.3's trainer runs (a torch with ``torch.distributed.set_timeout``; docs/integrations.md).
 - **0.2.x** (torch 2.11 takes 0.2.2): ``--experimental.custom_import adahop.integrations.torchtitan
   --job.custom_config_module adahop.integrations.torchtitan --model.converters adahop``,
   options under ``--adahop.recipe`` / ``--adahop.exclude`` / ``--adahop.min_features``.
 
-Either way the LM head and small layers stay ``Linear``, calibration runs from the layers' own
+Either way the layers are chosen as ``convert_model`` chooses them (``nn.convert.conversion_verdict``), calibration runs from the layers' own
 hooks inside torchtitan's loop, and the frozen plan travels in torchtitan's DCP checkpoints
 (each layer's ``_extra_state``). Data parallelism (FSDP2) only: tensor parallelism is untested.
 """
