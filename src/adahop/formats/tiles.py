@@ -47,12 +47,22 @@ def quantize_mx_tiles(
     along_rows = MXTensor(
         pack_codes(codes[:rows], efmt), scales.repeat_interleave(t, dim=0)[:rows].contiguous(), fmt, 1, t, x.shape
     )
-    along_cols = MXTensor(
-        pack_codes(codes.t()[:cols], efmt),
-        scales.t().repeat_interleave(t, dim=0)[:cols].contiguous(),
-        fmt,
+    return along_rows, tiles_along_cols(along_rows)
+
+
+def tiles_along_cols(along_rows: MXTensor) -> MXTensor:
+    """A tile quantization blocked along dim 0, from the same one blocked along dim 1 (the first
+    output of :func:`quantize_mx_tiles`): codes transposed, one scale per tile. So a tile
+    quantization can be stored, sent or gathered once and read in both orientations."""
+    t, (rows, cols) = along_rows.block_size, along_rows.shape
+    codes = along_rows.codes().t()[:cols]  # the zero-padded rows of the last tile row encode as code 0
+    codes = torch.nn.functional.pad(codes, (0, -rows % t))
+    tile_scales = along_rows.scales[::t]  # [row tiles, column tiles]
+    return MXTensor(
+        pack_codes(codes, along_rows.element_format),
+        tile_scales.t().repeat_interleave(t, dim=0)[:cols].contiguous(),
+        along_rows.fmt,
         0,
         t,
-        x.shape,
+        along_rows.shape,
     )
-    return along_rows, along_cols

@@ -40,6 +40,7 @@ from ..policy.calibration import PatternVotes, attach_pattern_hooks, votes_pause
 from ..policy.strategies import GEMMS, ROLES, LayerPlan, Strategy
 from ..recipes import DEFAULT_RECIPE, Recipe, get_recipe
 from ..transforms import random_signs
+from .gathered import gathered_operands
 from .state import decode_state, encode_state, new_state
 
 SEED_BOUND = 1 << 62
@@ -79,7 +80,10 @@ class _AdaHOPLinearFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, cfg: GemmConfig) -> torch.Tensor:
         plan = cfg.plan
-        w_tiles = prepare_weight_tiles(weight, plan.forward, plan.dgrad, cfg.act) if cfg.weight_tiles else None
+        # W's two operands: gathered already quantized by FSDP2 (``nn.fsdp``), or one 2-D tile quantization.
+        w_tiles = gathered_operands(weight, plan)
+        if w_tiles is None and cfg.weight_tiles:
+            w_tiles = prepare_weight_tiles(weight, plan.forward, plan.dgrad, cfg.act)
         if plan.forward is Strategy.BF16:
             y = F.linear(x, weight)
         else:
