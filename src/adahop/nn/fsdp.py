@@ -48,6 +48,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from ..formats import MXTensor
+from ..formats.rowwise import ROWWISE_FP8, RowwiseFP8
 from ..formats.tiles import tiles_along_cols
 from ..gemm.operand import GemmOperand, prepare_operand, prepare_weight_tiles
 from ..policy.calibration import PatternRecorder
@@ -62,10 +63,11 @@ log = logging.getLogger(__name__)
 QUANTIZED_ONLY = (Strategy.MXFP4, Strategy.IHT)
 
 
-class MXWeightGather:
-    """W as the MX operands the layer's forward and dgrad read (``recipe.forward_fmt`` and ``fmt``)."""
+class QuantizedWeightGather:
+    """W as the quantized operands the layer's forward and dgrad read: the forward's in
+    ``recipe.forward_fmt`` (MX, or FP8 with a scale per row), dgrad's in ``recipe.fmt``."""
 
-    name = "mx"
+    name = "quantized"
 
     def refusal(self, layer: AdaHOPLinear, rows: int) -> str | None:
         """Why this format cannot serve ``layer`` with ``rows`` rows per rank bit for bit (None: it can)."""
@@ -92,36 +94,43 @@ class MXWeightGather:
         plan, oe_k = layer.plan, layer.recipe.oe_k
         if layer.recipe.weight_blocks == "2d":
             tiles = prepare_weight_tiles(shard, plan.forward, plan.dgrad, act)[0].quantized
-            return [tiles.data, tiles.scales], (_layout(tiles),)
+            return _parts(tiles), (_layout(tiles),)
         w = prepare_operand(shard, plan.forward, "R", act, oe_k=oe_k).quantized
-        wt = prepare_operand(shard.t(), plan.dgrad, "R", saved, oe_k=oe_k).quantized  # storage [in, rows]
-        return [w.data, w.scales, wt.data.t(), wt.scales.t()], (_layout(w), _layout(wt))
+        wt = prepare_operand(shard.t(), plan.dgrad, "R", saved, oe_k=oe_k).quantized  # MX, storage [in, rows]
+        return [*_parts(w), wt.data.t(), wt.scales.t()], (_layout(w), _layout(wt))
 
     def assemble(
         self, outputs: tuple[torch.Tensor, ...], layouts: tuple, rows: int
     ) -> tuple[GemmOperand, GemmOperand, tuple[torch.Tensor, ...]]:
         """(forward R, dgrad R, the tensors made from the gathered ones) of the whole weight."""
+        w = _operand(outputs[:2], layouts[0], rows)
         if len(layouts) == 1:  # square tiles: Wᵀ is their transpose
-            tiles = _mx(outputs[0], outputs[1], layouts[0], rows)
-            wt = tiles_along_cols(tiles)
-            return GemmOperand(quantized=tiles), GemmOperand(quantized=wt), (wt.data, wt.scales)
-        data, scales = (t.t().clone(memory_format=torch.contiguous_format) for t in outputs[2:])
-        w, wt = _mx(outputs[0], outputs[1], layouts[0], rows), _mx(data, scales, layouts[1], rows)
-        return GemmOperand(quantized=w), GemmOperand(quantized=wt), (data, scales)
+            wt = tiles_along_cols(w)
+        else:
+            data, scales = (t.t().clone(memory_format=torch.contiguous_format) for t in outputs[2:])
+            wt = _operand((data, scales), layouts[1], rows)
+        return GemmOperand(quantized=w), GemmOperand(quantized=wt), (wt.data, wt.scales)
 
 
-def _layout(q: MXTensor) -> tuple:
-    """An MX operand's metadata but its row count (the shard's, not the whole weight's)."""
-    return q.fmt, q.axis, q.block_size, q.shape[1]
+def _parts(q: MXTensor | RowwiseFP8) -> list[torch.Tensor]:
+    """A quantized operand of this rank's rows as tensors whose dim 0 runs along those rows."""
+    return [q.data, q.scales] if isinstance(q, MXTensor) else [q.data, q.row_scale]
 
 
-def _mx(data: torch.Tensor, scales: torch.Tensor, layout: tuple, rows: int) -> MXTensor:
+def _layout(q: MXTensor | RowwiseFP8) -> tuple:
+    """What rebuilds the operand from its gathered parts, besides the row count."""
+    return (q.fmt, q.axis, q.block_size, q.shape[1]) if isinstance(q, MXTensor) else (ROWWISE_FP8,)
+
+
+def _operand(parts: tuple[torch.Tensor, ...], layout: tuple, rows: int) -> MXTensor | RowwiseFP8:
+    if layout[0] == ROWWISE_FP8:
+        return RowwiseFP8(*parts)
     fmt, axis, block_size, cols = layout
-    return MXTensor(data, scales, fmt, axis, block_size, torch.Size((rows, cols)))
+    return MXTensor(*parts, fmt, axis, block_size, torch.Size((rows, cols)))
 
 
 # Tried in order for each layer; the first that serves it bit for bit is gathered.
-GATHER_FORMATS: list = [MXWeightGather()]
+GATHER_FORMATS: list = [QuantizedWeightGather()]
 _logged: set[str] = set()
 
 
@@ -306,5 +315,10 @@ def gathered_format(layer: AdaHOPLinear) -> str:
     return "bf16" if key is None or key[0] is None else key[0].name
 
 
-__all__ = ["GATHER_FORMATS", "LowPrecisionShard", "MXWeightGather", "gathered_format", "low_precision_all_gather"]
-
+__all__ = [
+    "GATHER_FORMATS",
+    "LowPrecisionShard",
+    "QuantizedWeightGather",
+    "gathered_format",
+    "low_precision_all_gather",
+]

@@ -38,7 +38,7 @@ class GatheredWeight(torch.Tensor):
 
     @staticmethod
     def __new__(cls, operands: WeightOperands, shape: torch.Size, dtype: torch.dtype, requires_grad: bool = False):
-        device = operands.forward.quantized.device
+        device = operands.forward.quantized.data.device
         return torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device=device, requires_grad=requires_grad)
 
     def __init__(self, operands: WeightOperands, shape: torch.Size, dtype: torch.dtype, requires_grad: bool = False):

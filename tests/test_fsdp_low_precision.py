@@ -1,0 +1,149 @@
+"""Low-precision FSDP2 all-gather (``adahop.nn.fsdp``) on two CPU ranks over gloo.
+
+Each rank quantizes its rows of every weight into the GEMM operands and FSDP2 gathers those:
+training must be bit-identical to FSDP2's own (high-precision) gather, through calibration, the
+freeze and the frozen steps; state_dict, DCP and the optimizer must see plain tensors.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+from adahop import convert_model
+
+pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
+WORLD = 2
+TOKENS_PER_RANK = 32
+STEPS = 4
+RECIPES = {
+    "iht": {"name": "mxfp4_hadamard"},
+    "2d": {"name": "mxfp4", "weight_blocks": "2d"},
+    "lv2": {"name": "adahop_lv2", "calibration_steps": 2},
+    "lv1": {"name": "adahop_lv1", "calibration_steps": 2},
+    "fp8": {"name": "adahop_lv1_fp8_forward", "calibration_steps": 2},
+    "sr": {"name": "mxfp4", "backward_rounding": "stochastic"},  # refused: keeps the high-precision gather
+}
+
+
+def make_model(recipe: dict) -> nn.Module:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 64))
+    return convert_model(model, recipe)
+
+
+def batch(step: int, rank: int) -> torch.Tensor:
+    x = torch.randn(WORLD * TOKENS_PER_RANK, 64, generator=torch.Generator().manual_seed(step))
+    x[:, 5] *= 30.0  # an outlier channel: X votes "col", so the frozen forward is IHT
+    return x[rank * TOKENS_PER_RANK : (rank + 1) * TOKENS_PER_RANK]
+
+
+def train(rank: int, recipe: dict, low_precision: bool, checkpoint: str) -> dict:
+    from torch.distributed.fsdp import fully_shard
+
+    from adahop.nn.fsdp import gathered_format, low_precision_all_gather
+
+    model = make_model(recipe)
+    if low_precision:
+        assert low_precision_all_gather(model) == ["0", "2"]
+    for layer in (model[0], model[2]):
+        fully_shard(layer)
+    fully_shard(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    torch.manual_seed(1)  # the stochastic-rounding keys
+    losses, formats = [], []
+    for step in range(STEPS):
+        loss = model(batch(step, rank)).mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.detach())
+        formats.append([gathered_format(model[i]) for i in (0, 2)])
+    state = model.state_dict()
+    out = {
+        "losses": torch.stack(losses),
+        "weights": {k: v.full_tensor() for k, v in state.items() if k.endswith(("weight", "bias"))},
+        "formats": formats,
+        "state_types": sorted(
+            {type(v._local_tensor if hasattr(v, "_local_tensor") else v).__name__ for v in state.values()}
+        ),
+        "optim_types": sorted(
+            {type(t._local_tensor).__name__ for s in optimizer.state.values() for t in s.values() if t.dim() > 0}
+        ),
+    }
+    if checkpoint:
+        import torch.distributed.checkpoint as dcp
+
+        dcp.save(state, checkpoint_id=checkpoint)
+        fresh = make_model(recipe)  # other weights (drawn anew), loaded back from the checkpoint
+        low_precision_all_gather(fresh)
+        for layer in (fresh[0], fresh[2]):
+            fully_shard(layer)
+        fully_shard(fresh)
+        loaded = fresh.state_dict()
+        dcp.load(loaded, checkpoint_id=checkpoint)
+        fresh.load_state_dict(loaded)
+        out["reloaded"] = {k: v.full_tensor() for k, v in fresh.state_dict().items() if k.endswith("weight")}
+        out["reloaded_loss"] = fresh(batch(0, rank)).square().mean().detach()
+        out["trained_loss"] = model(batch(0, rank)).square().mean().detach()
+    return out
+
+
+def run_rank(rank: int, init: str, out: str, checkpoint_dir: str) -> None:
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=WORLD)
+    torch.set_num_threads(1)
+    results = {}
+    for name, recipe in RECIPES.items():
+        checkpoint = f"{checkpoint_dir}/{name}" if name == "iht" else ""
+        results[name] = {
+            "bf16": train(rank, recipe, low_precision=False, checkpoint=""),
+            "low": train(rank, recipe, low_precision=True, checkpoint=checkpoint),
+        }
+    torch.save(results, f"{out}.{rank}")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("fsdp_low_precision")
+    out = str(tmp / "result")
+    mp.start_processes(run_rank, args=(f"file://{tmp}/rendezvous", out, str(tmp)), nprocs=WORLD, start_method="spawn")
+    return [torch.load(f"{out}.{rank}") for rank in range(WORLD)]
+
+
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_training_is_bit_identical_to_the_high_precision_gather(ranks, name):
+    for rank in ranks:
+        bf16, low = rank[name]["bf16"], rank[name]["low"]
+        assert torch.equal(bf16["losses"], low["losses"]), name
+        for key, value in bf16["weights"].items():
+            assert torch.equal(value, low["weights"][key]), (name, key)
+        assert bf16["formats"] == [["bf16", "bf16"]] * STEPS
+
+
+def test_quantized_gather_is_used_where_the_plan_allows(ranks):
+    formats = {name: ranks[0][name]["low"]["formats"] for name in RECIPES}
+    assert formats["iht"] == [["quantized", "quantized"]] * STEPS
+    assert formats["2d"] == [["quantized", "quantized"]] * STEPS
+    assert formats["sr"] == [["bf16", "bf16"]] * STEPS  # noise keyed by place in the whole weight
+    # Calibration (and the step that freezes) gathers W whole. Then layer 0 plans an IHT forward and
+    # dgrad; layer 2 an OE-left forward, which needs the whole W, except where the recipe forces a
+    # plain FP8 forward.
+    for name in ("lv2", "lv1"):
+        assert formats[name] == [["bf16", "bf16"]] * 3 + [["quantized", "bf16"]], name
+    assert formats["fp8"] == [["bf16", "bf16"]] * 3 + [["quantized", "quantized"]]
+    assert formats == {name: ranks[1][name]["low"]["formats"] for name in RECIPES}
+
+
+def test_state_dict_checkpoint_and_optimizer_hold_plain_tensors(ranks):
+    for rank in ranks:
+        low = rank["iht"]["low"]
+        assert low["state_types"] == ["Tensor"]
+        assert low["optim_types"] == ["Tensor"]
+        for key, value in low["reloaded"].items():
+            assert torch.equal(value, low["weights"][key]), key
+        assert torch.equal(low["reloaded_loss"], low["trained_loss"])
