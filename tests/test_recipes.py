@@ -18,6 +18,8 @@ def test_registered_recipes():
         "adahop_lv2",
         "adahop_lv1_bf16_forward",
         "adahop_lv1_fp8_forward",
+        "torchao_float8_tensorwise",
+        "torchao_float8_rowwise",
     }
     assert get_recipe("adahop_lv1_bf16_forward").bf16_gemms == ("forward",)
     assert get_recipe("mxfp4_hadamard").strategy == "iht"

@@ -225,7 +225,9 @@ def test_rounding_seed_offset_changes_only_the_rounding_noise(small_overrides, t
     assert same[:3] == other[:3] and all(a != b for a, b in zip(same[3:], other[3:]))
 
 
-@pytest.mark.parametrize("recipe", sorted(RECIPES))
+@pytest.mark.parametrize(
+    "recipe", sorted(n for n, r in RECIPES.items() if not r.torchao_float8)
+)  # peer: test_float8_peer
 def test_short_run_writes_the_run_directory(recipe, small_overrides, tmp_path):
     cfg = load_config(None, small_overrides(tmp_path / "run", recipe=recipe, checkpoint__keep_last=2))
     result = Trainer(cfg, progress=False).train()

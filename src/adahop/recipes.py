@@ -9,6 +9,7 @@
 | `adahop_lv2`     | same with the level-2 table (col-col GEMMs in BF16)                      |
 | `adahop_lv1_bf16_forward` | `adahop_lv1` with every forward GEMM in BF16: BF16's loss (docs/quality.md); the default |
 | `adahop_lv1_fp8_forward` | `adahop_lv1` with every forward GEMM in E4M3, a scale per token and per output channel |
+| `torchao_float8_tensorwise`, `torchao_float8_rowwise` | the peer: torchao's float8 training (needs torchao) |
 
 Ablations on top of any recipe: ``bf16_gemms`` keeps those GEMM roles ("forward", "dgrad",
 "wgrad") in BF16 in every converted layer, or with ``ROLE@PATTERN`` entries (e.g.
@@ -40,6 +41,7 @@ from .policy.strategies import DEFAULT_TABLE, GEMMS, Strategy, get_table
 from .transforms import HADAMARD_BLOCK_SIZES
 
 ADAPTIVE = "adaptive"
+FLOAT8_SCALINGS = ("tensorwise", "rowwise")  # torchao's float8 recipes a peer recipe can name
 WEIGHT_BLOCKS = ("1d", "2d")  # MX blocks of W: along each GEMM's K, or square tiles valid in both orientations
 # The forward's formats: the MX formats, and E4M3 with a power-of-two scale per row (formats.rowwise)
 FORWARD_FORMATS = (*ELEMENT_FORMATS, ROWWISE_FP8)
@@ -96,6 +98,9 @@ class Recipe:
     exclude: tuple[str, ...] = ("output", "lm_head")  # module names kept as nn.Linear (fnmatch)
     bf16_gemms: tuple[str, ...] = ()  # GEMM roles kept in BF16 in every layer, or ROLE@PATTERN (ablation)
     bf16_layers: tuple[str, ...] = ()  # module names (fnmatch) whose three GEMMs stay in BF16
+    # A peer, not AdaHOP: every linear layer but ``exclude`` trained by torchao's float8 of this
+    # scaling ("tensorwise" | "rowwise"; adahop.integrations.float8); needs strategy="bf16".
+    torchao_float8: str | None = None
 
     def __post_init__(self) -> None:
         for knob in ("exclude", "bf16_gemms", "bf16_layers"):
@@ -127,6 +132,12 @@ class Recipe:
         check(self.backward_rounding, ROUNDING_MODES, "backward_rounding")
         check(self.grad_rounding, ROUNDING_MODES, "grad_rounding")
         check(self.weight_blocks, WEIGHT_BLOCKS, "weight_blocks")
+        check(self.torchao_float8, (None, *FLOAT8_SCALINGS), "torchao_float8")
+        if self.torchao_float8 and self.strategy != Strategy.BF16.value:
+            raise ValueError(
+                f"recipe {self.name!r}: torchao_float8={self.torchao_float8!r} replaces AdaHOP's layers with torchao's, "
+                f"so it needs strategy='bf16', got {self.strategy!r}"
+            )
         if not isinstance(self.grad_fast_accum, bool):
             raise ValueError(f"recipe {self.name!r}: grad_fast_accum={self.grad_fast_accum!r} is not true or false")
         if self.weight_blocks == "2d" and self.forward_fmt not in (None, self.fmt):
@@ -226,6 +237,11 @@ RECIPES: dict[str, Recipe] = {
         # which runs on Hopper's FP8 tensor cores at about twice BF16's GEMM rate (issue 31).
         Recipe(
             name="adahop_lv1_fp8_forward", table="lv1", forward_fmt=ROWWISE_FP8, forward_strategy=Strategy.MXFP4.value
+        ),
+        # The peer: torchao's float8 training (needs torchao; adahop.integrations.float8).
+        *(
+            Recipe(name=f"torchao_float8_{scaling}", strategy=Strategy.BF16.value, torchao_float8=scaling)
+            for scaling in FLOAT8_SCALINGS
         ),
     )
 }

@@ -45,7 +45,9 @@ CALIBRATION_STEPS = 4  # forwards: enough to freeze a plan, not to judge its qua
 MODES = ("eager", "compile", "graph", "compile+graph")
 FASTEST = "fastest"
 FASTEST_MODES = ("compile+graph", "compile")  # what ``fastest`` tries, in order
-PEERS = {"float8_tensorwise": "tensorwise", "float8_rowwise": "rowwise"}  # torchao recipe names
+# The bench's names of the peer, torchao's float8 training: registered recipes, so the bench and
+# adahop train convert with one function (adahop.integrations.float8)
+PEERS = {"float8_tensorwise": "torchao_float8_tensorwise", "float8_rowwise": "torchao_float8_rowwise"}
 HEADLINE_RECIPE = "adahop_lv2"
 REFERENCES = ("bf16", "float8_tensorwise")  # every run's ratios are to these, each in its fastest mode
 
@@ -201,21 +203,12 @@ def plan_layers(model: torch.nn.Module) -> list[dict]:
     ]
 
 
-def _to_float8(model: torch.nn.Module, scaling: str) -> None:
-    """torchao's float8 training on every linear layer but the LM head (as torchtitan does)."""
-    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-
-    config = Float8LinearConfig.from_recipe_name(scaling)
-    convert_to_float8_training(model, config=config, module_filter_fn=lambda _, fqn: fqn != "output")
-
-
 def _trainer(recipe: str, case: Case, mode: str, settings: Settings, out: str):
     from ..models import MODEL_PRESETS
     from ..recipes import get_recipe
     from ..train import Trainer
     from ..train.config import DataConfig, ModelConfig, TrainConfig, TrainingConfig
 
-    peer = recipe in PEERS and recipe not in REGISTERED_RECIPES
     vocab = settings.vocab_size or MODEL_PRESETS[case.preset].vocab_size
     cfg = TrainConfig(
         model=ModelConfig(case.preset, overrides=dict(settings.model_overrides)),
@@ -227,13 +220,10 @@ def _trainer(recipe: str, case: Case, mode: str, settings: Settings, out: str):
             compile="compile" in mode,
             cuda_graph="graph" in mode,
         ),
-        recipe=get_recipe({"name": "bf16" if peer else recipe, "calibration_steps": CALIBRATION_STEPS}),
+        recipe=get_recipe({"name": PEERS.get(recipe, recipe), "calibration_steps": CALIBRATION_STEPS}),
         out=out,
     )
-    trainer = Trainer(cfg, progress=False)
-    if peer:
-        _to_float8(trainer.model, PEERS[recipe])
-    return trainer
+    return Trainer(cfg, progress=False)  # a torchao_float8 recipe's model is converted by torchao
 
 
 class _StepTimer:
@@ -373,11 +363,13 @@ def run_case(case: Case, on_run: Callable[[dict], None] = lambda runs: None, set
     until one runs; the ones that failed stay in the table), with its ratios to the references."""
     from importlib.util import find_spec
 
+    from ..recipes import get_recipe
+
     runs: dict[str, dict] = {}
     for recipe, requested in case.runs:
         for mode in settings.fastest_modes if requested == FASTEST else (requested,):
             name = f"{recipe}/{mode}"
-            if recipe in PEERS and recipe not in REGISTERED_RECIPES and find_spec("torchao") is None:
+            if get_recipe(PEERS.get(recipe, recipe)).torchao_float8 and find_spec("torchao") is None:
                 runs[name] = {"error": "torchao is not installed"}
             else:
                 runs[name] = _run_one(recipe, case, mode, settings)

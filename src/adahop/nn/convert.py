@@ -85,6 +85,11 @@ def convert_model(
     place, so for one the new ``AdaHOPLinear`` (sharing its parameters) is returned.
     """
     recipe = get_recipe(recipe)
+    if recipe.torchao_float8:
+        raise ValueError(
+            f"recipe {recipe.name!r} is torchao's float8, not AdaHOP's: convert with "
+            "adahop.integrations.float8.convert_to_float8(model, recipe, device)"
+        )
     root = isinstance(model, nn.Linear)
     candidates = [("", model)] if root else list(model.named_modules())
     targets, kept, converted = [], {}, []

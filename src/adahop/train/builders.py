@@ -41,12 +41,17 @@ def resolve_device(device: str) -> torch.device:
 
 def build_model_from_config(cfg: TrainConfig, device: str | torch.device = "cpu") -> Transformer:
     """The config's model, initialised from ``training.seed`` alone (the global random state is
-    left untouched) and converted with its recipe; the LM head stays high precision."""
+    left untouched) and converted with its recipe (or, for a ``torchao_float8`` peer recipe, with
+    torchao's float8); the LM head stays high precision."""
     device = torch.device(device)
     cuda_devices = [device.index or 0] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=cuda_devices), device:
         torch.manual_seed(cfg.training.seed)
         model = build_model(cfg.model.preset, vocab_size=cfg.data.vocab_size, **cfg.model.overrides)
+    if cfg.recipe.torchao_float8:
+        from ..integrations.float8 import convert_to_float8
+
+        return convert_to_float8(model, cfg.recipe, device)
     return convert_model(model, cfg.recipe)
 
 
