@@ -1,7 +1,7 @@
 """torchao's float8 training as a peer recipe (``torchao_float8_tensorwise``, ``torchao_float8_rowwise``).
 
-The FP8 recipe a Hopper user would pick instead of adahop: every linear layer but the excluded ones
-(the LM head, by the recipe's ``exclude`` patterns as for AdaHOP's layers) becomes torchao's
+The FP8 recipe a Hopper user would pick instead of adahop: every linear layer that AdaHOP would convert
+(not the LM head: ``nn.convert.conversion_verdict``, the one rule) becomes torchao's
 ``Float8Linear`` (``convert_to_float8_training``), so ``adahop train`` measures the peer's loss with
 our data, seeds and harness, and the step bench its speed, through this one function. torchao is not
 a dependency of adahop (it is in the ``test`` extra); a recipe that needs it says so in one line.
@@ -15,7 +15,8 @@ from importlib.util import find_spec
 import torch
 from torch import nn
 
-from ..recipes import Recipe, name_matches
+from ..nn.convert import conversion_verdict
+from ..recipes import Recipe
 
 FLOAT8_MIN_CAPABILITY = (8, 9)  # FP8 tensor cores: Ada and Hopper on
 
@@ -54,12 +55,15 @@ def check_float8(recipe: Recipe, device: torch.device) -> None:
 
 
 def convert_to_float8(model: nn.Module, recipe: Recipe, device: torch.device | str = "cpu") -> nn.Module:
-    """``model`` (plain ``nn.Linear`` layers) with every linear layer not matching ``recipe.exclude``
-    swapped in place for torchao's ``Float8Linear`` of ``recipe.torchao_float8`` scaling; returns it."""
+    """``model`` (plain ``nn.Linear`` layers) with every linear layer that ``convert_model`` would
+    convert (``nn.convert.conversion_verdict``: not the LM head) swapped in place for torchao's
+    ``Float8Linear`` of ``recipe.torchao_float8`` scaling; returns it."""
     check_float8(recipe, device)
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
     config = Float8LinearConfig.from_recipe_name(recipe.torchao_float8)
-    return convert_to_float8_training(
-        model, config=config, module_filter_fn=lambda _, fqn: not name_matches(fqn, recipe.exclude)
-    )
+
+    def converted(module: nn.Module, fqn: str) -> bool:
+        return conversion_verdict(fqn, module.in_features, module.out_features, recipe) is None
+
+    return convert_to_float8_training(model, config=config, module_filter_fn=converted)
