@@ -2,7 +2,7 @@
 # Issue 12 quality study, one GPU call: K `adahop train` runs side by side on one H200 (configs/
 # quality_125m.toml: 125m, vocab 8192, English text, 1024 x 16 tokens a step, lr 1e-3, warmup 50,
 # cosine), then `adahop eval` of every finished run on the held-out file, then a summary.
-# Protocol and how to combine the calls: docs/quality.md.
+# Protocol and how to combine the calls: benchmarks/quality/phases.md (the answer so far: docs/quality.md).
 #
 # Once, on the machine that has ../shared (not the GPU machine), make the git-ignored data folder:
 #     python benchmarks/quality/prepare_data.py ../shared/data/english-docs.jsonl.gz --out .data
