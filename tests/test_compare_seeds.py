@@ -7,6 +7,7 @@ import math
 import statistics
 
 import pytest
+from scipy import stats
 
 from adahop.analysis import compare
 from adahop.cli import main as adahop_main
@@ -37,6 +38,21 @@ def seed_runs(tmp_path):
     ]
 
 
+def test_a_gap_over_two_standard_errors_is_inside_the_noise_while_p_is_above_0_05():
+    """Three seeds give a paired gap 2 degrees of freedom: 2.6 standard errors is p = 0.12."""
+    from adahop.analysis.compare import gap_between
+
+    base = [(seed, 2.7) for seed in range(3)]
+    g = gap_between([(0, 2.71), (1, 2.73), (2, 2.75)], base)
+    assert g["t"] == pytest.approx(0.03 / (0.02 / math.sqrt(3))) and g["dof"] == 2
+    assert g["p"] == pytest.approx(1 - g["t"] / math.sqrt(2 + g["t"] ** 2)) and g["p"] > 0.05
+    assert g["verdict"] == "inside the noise"
+    assert gap_between([(0, 2.72), (1, 2.73), (2, 2.74)], base)["verdict"] == "beyond the noise"  # t 5.2, p 0.035
+    welch = gap_between([(None, 2.71), (None, 2.75)], [(None, 2.70), (None, 2.72), (None, 2.68)])
+    assert welch["pairing"] == "unpaired" and 1 < welch["dof"] < 3  # Welch-Satterthwaite
+    assert welch["p"] == pytest.approx(2 * stats.t.sf(abs(welch["t"]), welch["dof"]))
+
+
 def test_groups_seeds_by_recipe_with_spread_and_paired_gap(seed_runs, tmp_path, capsys):
     stem = tmp_path / "out" / "cmp"
     assert adahop_main(["compare", *map(str, seed_runs), "--out", str(stem)]) == 0
@@ -52,7 +68,10 @@ def test_groups_seeds_by_recipe_with_spread_and_paired_gap(seed_runs, tmp_path, 
     assert lv2["pairing"] == "paired" and lv2["verdict"] == "inside the noise"
     assert rows["mxfp4"]["verdict"] == "beyond the noise"
     assert rows["bf16"]["verdict"] == "baseline"
-    assert "inside the noise (paired)" in stem.with_suffix(".md").read_text()
+    t = lv2["val_gap_to_bf16"] / lv2["gap_stderr"]
+    assert lv2["gap_t"] == pytest.approx(t)
+    assert lv2["gap_p"] == pytest.approx(1 - abs(t) / math.sqrt(2 + t * t))  # Student's t, 2 dof, two-sided
+    assert f"inside the noise (t {t:.2f}, p {lv2['gap_p']:.3f}, paired)" in stem.with_suffix(".md").read_text()
     assert "beyond the noise" in capsys.readouterr().out
     assert stem.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
     per_run = json.loads(stem.with_suffix(".json").read_text())

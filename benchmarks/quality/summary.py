@@ -8,7 +8,8 @@ one run directory. A run contributes its final validation loss (``metrics.jsonl`
 validation split) and, when its ``eval.json`` is there, the held-out loss as trained and with every
 linear in BF16. The gap statistics are those of ``adahop compare`` (``adahop.analysis.compare``):
 paired by seed when every seed of the recipe has a BF16 run (standard error of the mean per-seed
-gap), else Welch; "inside the noise" when |gap| < 2 standard errors; runs that share a seed
+gap, Student's t with n - 1 degrees of freedom), else Welch; "inside the noise" when |gap| < 2
+standard errors or the t-test's two-sided p > 0.05 (t and p beside it); runs that share a seed
 (rounding streams) count as one seed, their spread reported as the noise at a fixed seed.
 ``--against LABEL`` (a recipe label of the table, e.g. ``adahop_lv1``) adds each recipe's gap to
 that recipe, by the same statistics: how an ablation moves its base recipe, paired by seed.
@@ -23,7 +24,16 @@ import statistics
 import sys
 from pathlib import Path
 
-from adahop.analysis.compare import NOISE_SIGMAS, bf16_group, check_labels, gap_between, group_runs, seed_means
+from adahop.analysis.compare import (
+    NOISE_SIGMAS,
+    P_LIMIT,
+    bf16_group,
+    check_labels,
+    gap_between,
+    group_runs,
+    seed_means,
+    verdict_cell,
+)
 from adahop.analysis.runs import read_run
 from adahop.atomic import write_atomic
 
@@ -124,7 +134,7 @@ def _gap_cell(g: dict | None) -> str:
     if not g:
         return "-"
     se = "" if g["stderr"] is None else f" ± {g['stderr']:.4f}"
-    return f"{_f(g['gap'], True)}{se} ({g['verdict']}, {g['pairing']})"
+    return f"{_f(g['gap'], True)}{se} {verdict_cell(g)}"
 
 
 def markdown(summary: dict) -> str:
@@ -142,7 +152,7 @@ def markdown(summary: dict) -> str:
         )
     lines += [
         "",
-        f"## By recipe (mean ± std over seeds; gap to bf16 ± s.e., inside the noise: |gap| < {NOISE_SIGMAS:g} s.e.)",
+        f"## By recipe (mean ± std over seeds; gap to bf16 ± s.e., inside the noise: |gap| < {NOISE_SIGMAS:g} s.e. or p > {P_LIMIT:g})",
         "",
         "| recipe | n | seeds | val loss | val std at a seed | val gap to bf16 | eval loss | eval gap to bf16 |",
         "|---|---:|---|---:|---:|---|---:|---|",

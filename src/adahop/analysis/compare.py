@@ -2,8 +2,10 @@
 
 Runs of one recipe (same recipe fields, any seed) form a group: the table gives its mean final
 validation loss with the spread across seeds (std, n) and the gap to the BF16 group with its
-standard error, paired by seed when every seed has a BF16 run (else the two means' Welch error);
-a gap smaller than ``NOISE_SIGMAS`` standard errors is marked as inside the noise. Runs that
+standard error, paired by seed when every seed has a BF16 run (else the two means' Welch error),
+and its t statistic with the two-sided p-value (Student's t, paired; Welch's otherwise). A gap is
+beyond the noise only when it is at least ``NOISE_SIGMAS`` standard errors and p <= ``P_LIMIT``
+(with 3 seeds a paired gap has 2 degrees of freedom: |t| >= 4.30). Runs that
 share a seed (other ``training.rounding_seed_offset`` streams, reruns) are averaged into their
 seed, and their spread is reported as the noise at a fixed seed. The plot draws each group's
 mean curve with a band of one standard deviation across its runs. ``--against LABEL`` also gives
@@ -29,6 +31,7 @@ from .runs import RunRecord, read_run
 
 SMOOTHING = 0.9  # EMA factor for the plotted train curves (raw curves drawn faintly)
 NOISE_SIGMAS = 2.0  # a gap to BF16 below this many standard errors is inside the noise
+P_LIMIT = 0.05  # ... and so is one whose two-sided p-value is above this
 LEGEND_ROW_INCHES = 0.18  # one row of the legend under the panels
 LEGEND_MARGIN_INCHES = 0.15  # between that legend and the panels' axis labels
 
@@ -98,30 +101,60 @@ def seed_means(samples: Iterable[Sample]) -> tuple[dict, float | None]:
 
 def gap_between(mine: Iterable[Sample], base: Iterable[Sample]) -> dict:
     """Gap of ``mine`` to ``base``: ``gap`` (mean), ``stderr`` (None below two seeds), ``pairing``,
-    ``verdict`` and ``same_seed_std`` (``mine``'s noise at a fixed seed, see ``seed_means``).
-    Paired by seed when every seed of ``mine`` has a ``base`` value (the mean per-seed gap and its
-    standard error over seeds), else the difference of the two means with Welch's error."""
+    ``t``, ``p`` (two-sided) and ``dof`` of its t-test, ``verdict`` and ``same_seed_std``
+    (``mine``'s noise at a fixed seed, see ``seed_means``). Paired by seed when every seed of
+    ``mine`` has a ``base`` value (the mean per-seed gap, its standard error over seeds, Student's t
+    with n - 1 degrees of freedom), else the difference of the two means with Welch's error and
+    degrees of freedom."""
     (m, same_seed_std), (b, _) = seed_means(mine), seed_means(base)
     if m and all(isinstance(seed, int) for seed in m) and m.keys() <= b.keys():
         gap, sd = _mean_std([m[seed] - b[seed] for seed in m])
         stderr, pairing = (None if sd is None else sd / math.sqrt(len(m))), "paired"
+        dof = len(m) - 1
     else:
         (gm, sm), (gb, sb) = _mean_std(list(m.values())), _mean_std(list(b.values()))
         gap, pairing = gm - gb, "unpaired"
-        stderr = None if sm is None or sb is None else math.sqrt(sm**2 / len(m) + sb**2 / len(b))
+        stderr = dof = None
+        if sm is not None and sb is not None:
+            vm, vb = sm**2 / len(m), sb**2 / len(b)
+            stderr = math.sqrt(vm + vb)
+            dof = (vm + vb) ** 2 / (vm**2 / (len(m) - 1) + vb**2 / (len(b) - 1)) if vm + vb else None
+    t, p = _t_test(gap, stderr, dof)
     return {
         "gap": gap,
         "stderr": stderr,
         "pairing": pairing,
-        "verdict": _verdict(gap, stderr),
+        "t": t,
+        "p": p,
+        "dof": dof,
+        "verdict": _verdict(gap, stderr, p),
         "same_seed_std": same_seed_std,
     }
 
 
-def _verdict(gap: float, se: float | None) -> str:
+def _t_test(gap: float, stderr: float | None, dof: float | None) -> tuple[float | None, float | None]:
+    """t = gap / stderr and its two-sided p-value under Student's t with ``dof`` degrees of freedom."""
+    if stderr is None or dof is None or math.isnan(gap) or math.isnan(stderr):
+        return None, None
+    if stderr == 0:  # every seed gave the same gap
+        return (math.copysign(math.inf, gap), 0.0) if gap else (0.0, 1.0)
+    from scipy.stats import t as student_t
+
+    t = gap / stderr
+    return t, float(2 * student_t.sf(abs(t), dof))
+
+
+def _verdict(gap: float, se: float | None, p: float | None = None) -> str:
     if se is None or math.isnan(se) or math.isnan(gap):
         return "no error bar (n < 2)"
-    return "inside the noise" if abs(gap) < NOISE_SIGMAS * se else "beyond the noise"
+    beyond = abs(gap) >= NOISE_SIGMAS * se and (p is None or p <= P_LIMIT)
+    return "beyond the noise" if beyond else "inside the noise"
+
+
+def verdict_cell(g: dict) -> str:
+    """``verdict (t, p, pairing)`` of a ``gap_between`` result."""
+    test = "" if g.get("p") is None else f"t {g['t']:.2f}, p {g['p']:.3f}, "
+    return f"{g['verdict']} ({test}{g['pairing']})"
 
 
 def recipe_rows(runs: list[RunRecord], against: str | None = None) -> list[dict]:
@@ -153,6 +186,8 @@ def recipe_rows(runs: list[RunRecord], against: str | None = None) -> list[dict]
             row |= {
                 "val_gap_to_bf16": g["gap"],
                 "gap_stderr": g["stderr"],
+                "gap_t": g["t"],
+                "gap_p": g["p"],
                 "pairing": g["pairing"],
                 "verdict": g["verdict"],
             }
@@ -316,7 +351,9 @@ def _pm(mean: float, err: float | None, signed: bool = False) -> str:
 def _recipe_cells(row: dict) -> list[str]:
     """recipe, n, mean ± std of the final val loss, same-seed std, gap ± standard error, verdict."""
     gap = _pm(row["val_gap_to_bf16"], row.get("gap_stderr"), signed=True) if "val_gap_to_bf16" in row else "-"
-    verdict = row.get("verdict", "-") + (f" ({row['pairing']})" if "pairing" in row else "")
+    verdict = row.get("verdict", "-")
+    if "pairing" in row:
+        verdict = verdict_cell({"t": row.get("gap_t"), "p": row.get("gap_p")} | row)
     mean = _pm(row["final_val_loss_mean"], row["final_val_loss_std"])
     return [row["recipe"], str(row["n"]), mean, _fmt(row.get("same_seed_std")), gap, verdict]
 
@@ -340,7 +377,7 @@ def recipe_markdown(rows: list[dict]) -> str:
 def _against_cells(row: dict) -> list[str]:
     """recipe, n, gap to the ``against`` recipe ± standard error, verdict."""
     g = row["against"]
-    return [row["recipe"], str(row["n"]), _pm(g["gap"], g["stderr"], signed=True), f"{g['verdict']} ({g['pairing']})"]
+    return [row["recipe"], str(row["n"]), _pm(g["gap"], g["stderr"], signed=True), verdict_cell(g)]
 
 
 def against_markdown(rows: list[dict]) -> str:
