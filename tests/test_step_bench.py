@@ -145,3 +145,22 @@ def test_step_bench_dry_run_falls_back_times_every_step_and_accumulates(corpus):
     assert "| tiny_2x32_accum2 | adahop_lv2 / eager | - | - | - | - |" in "\n".join(memory_markdown(result))
     table = roofline.roofline(lv2, copy_gb_per_s=4000.0)  # no kernels on the CPU: bytes only
     assert table["total"]["gb"] > 0 and all(r["calls_profiled"] == 0 for r in table["families"].values())
+
+
+def test_step_bench_gpu_script_dry_run_writes_its_files(tmp_path):
+    """benchmarks/step/step_bench_h200.sh with DRY=1: the call a GPU session makes, on the CPU; a recipe
+    this checkout does not register is skipped with a line, not a failed call."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).parents[1]
+    out = tmp_path / "out"
+    env = os.environ | {"DRY": "1", "OUT": str(out), "RECIPES": "bf16 no_such_recipe", "MODE": "eager"}
+    done = subprocess.run(
+        ["bash", str(root / "benchmarks" / "step" / "step_bench_h200.sh")], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert sorted(p.name for p in out.iterdir()) == ["bench.json", "bench.log", "bench.md", "step_bench.log"]
+    assert "skipped: no_such_recipe is not a recipe of this checkout" in (out / "step_bench.log").read_text()
+    assert "| bf16/eager |" in (out / "bench.md").read_text()
