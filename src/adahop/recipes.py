@@ -101,6 +101,9 @@ class Recipe:
     # A peer, not AdaHOP: every linear layer but ``exclude`` trained by torchao's float8 of this
     # scaling ("tensorwise" | "rowwise"; adahop.integrations.float8); needs strategy="bf16".
     torchao_float8: str | None = None
+    # The forward GEMM of every layer in BF16 for the last steps of training, from step
+    # int(bf16_forward_after * training.steps) on (NVIDIA's NVFP4 recipe, appendix D); None: never.
+    bf16_forward_after: float | None = None
 
     def __post_init__(self) -> None:
         for knob in ("exclude", "bf16_gemms", "bf16_layers"):
@@ -133,6 +136,14 @@ class Recipe:
         check(self.grad_rounding, ROUNDING_MODES, "grad_rounding")
         check(self.weight_blocks, WEIGHT_BLOCKS, "weight_blocks")
         check(self.torchao_float8, (None, *FLOAT8_SCALINGS), "torchao_float8")
+        after = self.bf16_forward_after
+        if after is not None and (
+            isinstance(after, bool) or not isinstance(after, (int, float)) or not 0 <= after <= 1
+        ):
+            raise ValueError(
+                f"recipe {self.name!r}: bf16_forward_after={after!r} must be a fraction of the training steps "
+                "in [0, 1], or unset"
+            )
         if self.torchao_float8 and self.strategy != Strategy.BF16.value:
             raise ValueError(
                 f"recipe {self.name!r}: torchao_float8={self.torchao_float8!r} replaces AdaHOP's layers with torchao's, "

@@ -145,6 +145,13 @@ def adahop_layers(model: nn.Module) -> dict[str, AdaHOPLinear]:
     return {name: m for name, m in model.named_modules() if isinstance(m, AdaHOPLinear)}
 
 
+def set_bf16_forward(model: nn.Module, on: bool = True) -> None:
+    """Run the forward GEMM of every converted layer in BF16 (``on``) or by its plan again; the late
+    switch of ``recipe.bf16_forward_after``. Compiled modules recompile (their guards read the flag)."""
+    for layer in adahop_layers(model).values():
+        layer.bf16_forward = on
+
+
 def model_plan(model: nn.Module) -> ModelPlan:
     """The frozen plan of every converted layer (layers still calibrating are left out)."""
     return ModelPlan({name: m.plan for name, m in adahop_layers(model).items() if m.plan is not None})

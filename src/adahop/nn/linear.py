@@ -153,6 +153,9 @@ class AdaHOPLinear(nn.Linear):
                 f"bf16_gemms {unknown} are not GEMMs; choose among {list(GEMMS)} (ROLE@PATTERN is for recipes)"
             )
         self.votes = PatternVotes()
+        # Late switch of the forward to BF16 (recipe.bf16_forward_after; the trainer sets it from the
+        # step, so it is not saved): the plan runs with its forward GEMM in BF16 while this is on.
+        self.bf16_forward = False
         self._extra_state = new_state()
         # Random-sign Hadamard variant: one seeded vector for every layer and replica; a
         # non-persistent buffer so it follows .to(device) and leaves the state_dict keys alone.
@@ -198,9 +201,15 @@ class AdaHOPLinear(nn.Linear):
     def calibrating(self) -> bool:
         return self.plan is None
 
+    @property
+    def running_plan(self) -> LayerPlan | None:
+        """The plan the next forward runs: ``plan``, with its forward GEMM in BF16 while ``bf16_forward`` is on."""
+        return self._plan_bf16_forward if self.bf16_forward and self.plan is not None else self.plan
+
     def set_plan(self, plan: LayerPlan) -> None:
         """Freeze the (forward, dgrad, wgrad) strategies, ``bf16_gemms`` in BF16; ends calibration."""
         self.plan = plan.with_bf16(self.bf16_gemms)
+        self._plan_bf16_forward = self.plan.with_bf16(("forward",))  # built once: forwards only read it
         if self._hooks is not None:
             self._hooks.remove()
             self._hooks = None
@@ -242,11 +251,11 @@ class AdaHOPLinear(nn.Linear):
         """Philox keys per training forward: dY's two, plus Xᵀ's and Wᵀ's when they round stochastically."""
         return 4 if self.recipe.backward_rounding == "stochastic" else 2
 
-    def _gemm_config(self, seeds: torch.Tensor) -> GemmConfig:
+    def _gemm_config(self, seeds: torch.Tensor, plan: LayerPlan) -> GemmConfig:
         act, grad, saved = self._specs
         xt_seed, wt_seed = (seeds[2], seeds[3]) if len(seeds) == 4 else (0, 0)
         return GemmConfig(
-            self.plan,
+            plan,
             act,
             grad,
             self.recipe.oe_k,
@@ -278,7 +287,8 @@ class AdaHOPLinear(nn.Linear):
         self._check_input(x)
         if self.plan is None and not votes_paused():  # a recompute runs as the forward did
             self._maybe_freeze()
-        if self.plan is None or self.plan.all_bf16:
+        plan = self.running_plan
+        if plan is None or plan.all_bf16:
             return F.linear(x, self.weight, self.bias)
 
         weight, bias = self.weight, self.bias
@@ -289,7 +299,7 @@ class AdaHOPLinear(nn.Linear):
         needs_grad = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
         n = self._seed_count
         seeds = draw_rounding_seeds(x.device, count=n) if needs_grad else torch.zeros(n, dtype=torch.int64)
-        cfg = self._gemm_config(seeds)
+        cfg = self._gemm_config(seeds, plan)
         with torch.autocast(x.device.type, enabled=False):
             y = _AdaHOPLinearFn.apply(x.reshape(-1, self.in_features), weight, cfg)
         y = y.reshape(*x.shape[:-1], self.out_features)

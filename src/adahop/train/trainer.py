@@ -43,7 +43,7 @@ from tqdm import tqdm
 
 from ..atomic import remove_stale_temp_files, write_atomic
 from ..models import num_params
-from ..nn import adahop_layers, model_plan
+from ..nn import adahop_layers, model_plan, set_bf16_forward
 from ..policy import NonFiniteTensorError
 from ..policy.calibration import paused_votes
 from .builders import autocast_for, build_data, build_model_from_config, mean_loss, resolve_device
@@ -163,6 +163,7 @@ class Trainer:
         self.step = 0
         self._plan_saved = self._compiled = self._plan_restored = False
         self._graphed: GraphedMicroStep | None = None
+        self._bf16_forward = False  # recipe.bf16_forward_after has switched the forward to BF16
         self.pattern_record: dict | None = None  # the last telemetry step's, until logged
         self.memory = PeakMemory(self.device)
         if checkpoint is not None:
@@ -319,6 +320,19 @@ class Trainer:
         dtype = torch.bfloat16 if self.cfg.training.autocast else None
         self._graphed = GraphedMicroStep(self.model, loss_scale=1 / self.cfg.training.grad_accum, autocast_dtype=dtype)
 
+    def _maybe_bf16_forward(self) -> None:
+        """``recipe.bf16_forward_after``: every forward GEMM in BF16 from step ``int(fraction *
+        training.steps)`` on. Decided from the step alone, so a resumed run switches where an
+        uninterrupted one does. Compiled blocks recompile (their guards read the layers' flag);
+        captured CUDA graphs replay the quantized forward, so they are dropped and captured anew."""
+        after = self.cfg.recipe.bf16_forward_after
+        if after is None or self._bf16_forward or self.step < int(after * self.cfg.training.steps):
+            return
+        set_bf16_forward(self.model)
+        self._bf16_forward = True
+        self._graphed = None  # _maybe_graph starts a new one: warm-up, then capture
+        log.info("step %d on: every forward GEMM in BF16 (recipe.bf16_forward_after=%s)", self.step + 1, after)
+
     @property
     def graph_captured(self) -> bool:
         return self._graphed is not None and self._graphed.captured
@@ -357,6 +371,7 @@ class Trainer:
         device when either is not finite, or an earlier step's was (``nonfinite``), so a frozen
         step never waits for the device. On a pattern-telemetry step the patterns it saw wait in
         ``pattern_record``."""
+        self._maybe_bf16_forward()
         self._maybe_compile()
         self._maybe_graph()
         accum = self.cfg.training.grad_accum
