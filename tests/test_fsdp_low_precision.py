@@ -14,6 +14,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from adahop import convert_model
+from adahop.nn import set_bf16_forward
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
 WORLD = 2
@@ -26,6 +27,7 @@ RECIPES = {
     "lv1": {"name": "adahop_lv1", "calibration_steps": 2},
     "fp8": {"name": "adahop_lv1_fp8_forward", "calibration_steps": 2},
     "sr": {"name": "mxfp4", "backward_rounding": "stochastic"},  # refused: keeps the high-precision gather
+    "late": {"name": "mxfp4_hadamard", "bf16_forward_after": 0.5},  # the forward in BF16 from step 3 on
 }
 
 
@@ -55,7 +57,10 @@ def train(rank: int, recipe: dict, low_precision: bool, checkpoint: str) -> dict
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     torch.manual_seed(1)  # the stochastic-rounding keys
     losses, formats = [], []
+    after = recipe.get("bf16_forward_after")
     for step in range(STEPS):
+        if after is not None and step == int(after * STEPS):  # as the trainer switches
+            set_bf16_forward(model)
         loss = model(batch(step, rank)).mean()
         loss.backward()
         optimizer.step()
@@ -130,6 +135,7 @@ def test_quantized_gather_is_used_where_the_plan_allows(ranks):
     assert formats["iht"] == [["quantized", "quantized"]] * STEPS
     assert formats["2d"] == [["quantized", "quantized"]] * STEPS
     assert formats["sr"] == [["bf16", "bf16"]] * STEPS  # noise keyed by place in the whole weight
+    assert formats["late"] == [["quantized", "quantized"]] * 2 + [["bf16", "bf16"]] * 2  # a BF16 forward reads W whole
     # Calibration (and the step that freezes) gathers W whole. Then layer 0 plans an IHT forward and
     # dgrad; layer 2 an OE-left forward, which needs the whole W, except where the recipe forces a
     # plain FP8 forward.

@@ -71,7 +71,7 @@ class QuantizedWeightGather:
 
     def refusal(self, layer: AdaHOPLinear, rows: int) -> str | None:
         """Why this format cannot serve ``layer`` with ``rows`` rows per rank bit for bit (None: it can)."""
-        plan, recipe = layer.plan, layer.recipe
+        plan, recipe = layer.running_plan, layer.recipe
         if plan.forward not in QUANTIZED_ONLY or plan.dgrad not in QUANTIZED_ONLY:
             return f"its plan reads W in high precision (forward {plan.forward.value}, dgrad {plan.dgrad.value})"
         if "stochastic" in (recipe.rounding, recipe.backward_rounding):
@@ -84,14 +84,14 @@ class QuantizedWeightGather:
     @staticmethod
     def _rows_per_block(layer: AdaHOPLinear) -> int:
         recipe = layer.recipe
-        if recipe.weight_blocks == "2d" or layer.plan.dgrad is not Strategy.IHT:
+        if recipe.weight_blocks == "2d" or layer.running_plan.dgrad is not Strategy.IHT:
             return recipe.block_size
         return math.lcm(recipe.block_size, recipe.hadamard_block_size)
 
     def quantize(self, layer: AdaHOPLinear, shard: torch.Tensor) -> tuple[list[torch.Tensor], tuple]:
         """This rank's rows as all-gather inputs (dim 0 along ``out``) and what ``assemble`` needs."""
         act, _, saved = layer._specs
-        plan, oe_k = layer.plan, layer.recipe.oe_k
+        plan, oe_k = layer.running_plan, layer.recipe.oe_k
         if layer.recipe.weight_blocks == "2d":
             tiles = prepare_weight_tiles(shard, plan.forward, plan.dgrad, act)[0].quantized
             return _parts(tiles), (_layout(tiles),)
@@ -141,7 +141,8 @@ def _observed(layer: AdaHOPLinear) -> bool:
 
 def choose_format(layer: AdaHOPLinear, rows: int):
     """The format ``layer``'s weight is gathered in now, or None for the high-precision gather."""
-    if layer.plan is None or layer.plan.all_bf16 or _observed(layer):
+    plan = layer.running_plan  # the plan the next forward runs (a late BF16 forward reads W whole)
+    if plan is None or plan.all_bf16 or _observed(layer):
         return None
     refusals = []
     for fmt in GATHER_FORMATS:
@@ -251,7 +252,7 @@ class LowPrecisionShard(torch.Tensor):
         else:
             autocast = torch.is_autocast_enabled(self.device.type)
             source_dtype = torch.get_autocast_dtype(self.device.type) if autocast else param_dtype
-            key = (choose_format(module, rows), module.plan, source_dtype)
+            key = (choose_format(module, rows), module.running_plan, source_dtype)
             if getattr(module, "_gathered_as", key) != key:
                 _reallocate_gather(module)
             module._gathered_as = key
