@@ -90,6 +90,9 @@ class TrainingConfig:
     compile_backend: str = "inductor"  # a torch.compile backend ("aot_eager" needs no C++ compiler)
     cuda_graph: bool = True  # on CUDA, replay each micro-step as one CUDA graph once the plans are frozen
     distributed: bool = False  # under torchrun with one process, still train through FSDP2 (several always do)
+    # FSDP2 gathers each AdaHOPLinear weight as the quantized operands its GEMMs read (each rank
+    # quantizes its rows once per gather), where that is bit-identical to gathering W; docs/distributed.md.
+    fsdp_low_precision_all_gather: bool = True
     # PyTorch's deterministic kernels (cuBLAS workspace, cuDNN, torch.use_deterministic_algorithms),
     # as torchtitan's debug.deterministic: two runs of one seed step alike on the GPU, somewhat slower.
     deterministic: bool = False

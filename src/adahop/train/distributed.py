@@ -29,6 +29,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+from ..nn import fsdp
 from .builders import resolve_device
 
 _FAILED_KEY = "adahop/failures"  # counts the ranks that stopped on an error
@@ -126,10 +127,14 @@ def mixed_precision_policy(device: torch.device) -> MixedPrecisionPolicy:
     return MixedPrecisionPolicy()
 
 
-def shard_model(model: nn.Module, device: torch.device) -> MixedPrecisionPolicy:
+def shard_model(model: nn.Module, device: torch.device, low_precision_all_gather: bool = False) -> MixedPrecisionPolicy:
     """FSDP2 in place: ``fully_shard`` each transformer block, then the root (embedding, final
-    norm, LM head), all with :func:`mixed_precision_policy`; returns the policy."""
+    norm, LM head), all with :func:`mixed_precision_policy`; returns the policy.
+    ``low_precision_all_gather``: AdaHOPLinear weights are gathered as their quantized GEMM
+    operands where that is bit-identical (``adahop.nn.fsdp``)."""
     policy = mixed_precision_policy(device)
+    if low_precision_all_gather:
+        fsdp.low_precision_all_gather(model)
     for block in model.layers:
         fully_shard(block, mp_policy=policy)
     fully_shard(model, mp_policy=policy)

@@ -146,7 +146,12 @@ class Trainer:
             self.data = build_data(cfg, self.progress, rank=self.env.rank, world_size=self.env.world_size)
         self.model = build_model_from_config(cfg, self.device)
         if self.env.distributed:
-            shard_model(self.model, self.device)
+            low_precision = cfg.training.fsdp_low_precision_all_gather
+            if low_precision and cfg.training.compile:
+                low_precision = False
+                if self.env.is_main:
+                    log.info("training.fsdp_low_precision_all_gather is off under training.compile (not traced yet)")
+            shard_model(self.model, self.device, low_precision_all_gather=low_precision)
             if self.env.is_main:
                 log.info("distributed: %s", describe_sharding(self.model))
             if cfg.training.cuda_graph and self.device.type == "cuda" and self.env.is_main:
