@@ -3,12 +3,14 @@
 TRITON_INTERPRET must be set before triton is first imported, so it is set here.
 """
 
+import contextlib
 import json
 import os
 from pathlib import Path
 
 import pytest
 import torch
+from full_disk import FillingFile
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -68,3 +70,23 @@ def small_overrides(corpus, tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:  # tokenizer and tokens cached per test module
         patch.setenv("ADAHOP_CACHE", str(tmp_path_factory.mktemp("cache")))
         yield make
+
+
+# ---- a disk that fills up (checkpoint and failure tests) --------------------------------------
+@pytest.fixture
+def disk_fills_up(monkeypatch):
+    """``disk_fills_up(room)``: from now on a single-process checkpoint write finds the disk full
+    after ``room`` bytes, inside the real ``torch.save`` and the real atomic write."""
+    from adahop.train import checkpoint
+
+    real = checkpoint.atomic_file
+
+    def fill_after(room: int) -> None:
+        @contextlib.contextmanager
+        def filling(path):
+            with real(path) as f:
+                yield FillingFile(f, room)
+
+        monkeypatch.setattr(checkpoint, "atomic_file", filling)
+
+    return fill_after

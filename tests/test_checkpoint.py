@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import shutil
 
 import pytest
@@ -19,6 +21,7 @@ from adahop.train import (
 )
 from adahop.train import checkpoint as ckpt
 from adahop.train import trainer as trainer_module
+from adahop.train.checkpoint_files import checkpoint_path
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -108,26 +111,33 @@ def test_resume_is_bit_exact(stop_after, written_on_cuda, straight_run, small_ov
     assert_same_state(resumed.optimizer.state_dict(), straight_run.optimizer.state_dict(), "optimizer")
 
 
-def test_failed_write_keeps_the_previous_checkpoint(straight_run, monkeypatch):
+# The disk fills up at once (an OSError from the first write), or inside torch.save's zip writer,
+# which turns it into "RuntimeError: [enforce fail at inline_container.cc ...] unexpected pos".
+@pytest.mark.parametrize("room", [0, 1000, 100_000])
+def test_a_full_disk_is_an_oserror_naming_the_file_and_keeps_the_previous_checkpoint(room, straight_run, disk_fills_up):
     run = straight_run.run_dir
     latest = latest_checkpoint(run)
-    before = latest.read_bytes()
-
-    def torch_save_dies_midway(obj, f, *args, **kwargs):
-        f.write(before[: len(before) // 3])
-        raise OSError("No space left on device")
-
-    with monkeypatch.context() as patch:
-        patch.setattr(torch, "save", torch_save_dies_midway)
-        with pytest.raises(OSError, match="No space left"):
-            straight_run.save()  # the same step: it would replace `latest`
-        with pytest.raises(OSError, match="No space left"):
-            ckpt.save_checkpoint(ckpt.checkpoint_path(run, STEPS + 1), {"step": STEPS + 1})
-
-    assert latest_checkpoint(run) == latest and latest.read_bytes() == before
-    assert sorted(p.name for p in latest.parent.iterdir()) == ["step_0000006.pt", "step_0000008.pt"]  # no temp files
+    before = {p.name: p.read_bytes() for p in latest.parent.iterdir()}
+    disk_fills_up(room)
+    with pytest.raises(OSError) as failed:
+        straight_run.save()  # the same step: it would replace `latest`
+    assert (failed.value.errno, failed.value.strerror) == (errno.ENOSPC, "No space left on device")
+    assert failed.value.filename == str(latest)
+    with pytest.raises(OSError, match="No space left") as failed:
+        ckpt.save_checkpoint(checkpoint_path(run, STEPS + 1), {"step": STEPS + 1, "t": torch.zeros(100_000)})
+    assert failed.value.filename == str(checkpoint_path(run, STEPS + 1))
+    # Nothing changed: no temp files, no new checksum, the previous checkpoints intact and loadable.
+    assert {p.name: p.read_bytes() for p in latest.parent.iterdir()} == before
+    assert sorted(before) == ["step_0000006.pt", "step_0000006.pt.sha256", "step_0000008.pt", "step_0000008.pt.sha256"]
     model = build_model_from_config(straight_run.cfg)
     assert load_checkpoint(run, model)["step"] == STEPS
+
+
+def test_checkpoints_load_with_weights_only_and_match_their_checksums(straight_run):
+    for path in ckpt.list_checkpoints(straight_run.run_dir):
+        assert torch.load(path, weights_only=True)["step"] in (6, 8)
+        digest, name = path.with_name(path.name + ".sha256").read_text().split()
+        assert name == path.name and digest == hashlib.sha256(path.read_bytes()).hexdigest()  # as sha256sum -c
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ so the processes start (and import torch) once per test module, not once per run
 
 from __future__ import annotations
 
-import errno
+import contextlib
 import os
 import re
 import shutil
@@ -22,6 +22,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from full_disk import FillingFile
 
 from rendezvous import HostedStore
 
@@ -55,10 +56,31 @@ def as_argv(pairs: list[tuple[str, str]]) -> list[str]:
     return [f"--{k}={v}" for k, v in pairs]
 
 
+@contextlib.contextmanager
+def filling_stream(self, path, mode):
+    """DCP's file stream on a disk that is full after 1000 bytes, inside ``torch.save``."""
+    with open(path, mode) as stream:
+        yield FillingFile(stream, 1000)
+
+
+def damage_a_shard(source: str, run: str, checksums: bool) -> None:
+    """Copy run ``source`` to ``run`` and damage the step-6 checkpoint's shard of rank 1: one
+    byte flipped (caught by its checksum) or, for a checkpoint written before checksums, cut short."""
+    shutil.copytree(source, run)
+    checkpoint = Path(run) / "checkpoints" / "step_0000006"
+    shard = checkpoint / "__1_0.distcp"
+    data = shard.read_bytes()
+    if checksums:
+        shard.write_bytes(data[:100] + bytes([data[100] ^ 1]) + data[101:])
+    else:
+        (checkpoint / "checksums.sha256").unlink()
+        shard.write_bytes(data[: len(data) // 2])
+
+
 def run_rank(rank: int, jobs: list[dict], logs: str) -> None:
     """Rank ``rank``'s side of each job: ``main(job["argv"])`` under torchrun's variables, its
     stderr (file descriptor 2, so gloo's C++ messages too) and exit status kept in ``logs``."""
-    from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint.filesystem import FileSystem
 
     from adahop.train import trainer as trainer_module
     from adahop.train.cli import main
@@ -71,9 +93,7 @@ def run_rank(rank: int, jobs: list[dict], logs: str) -> None:
 
         def save_then_crash(path, job=job, **kwargs):
             if rank == 1 and kwargs["step"] == job.get("full_disk_at"):
-                with mock.patch.object(
-                    FileSystemWriter, "write_data", side_effect=OSError(errno.ENOSPC, "No space left on device")
-                ):
+                with mock.patch.object(FileSystem, "create_stream", filling_stream):
                     return save_sharded(path, **kwargs)
             save_sharded(path, **kwargs)
             if kwargs["step"] == job.get("crash_after"):
@@ -85,6 +105,8 @@ def run_rank(rank: int, jobs: list[dict], logs: str) -> None:
             return micro_step(self, inputs, targets, **kwargs)
 
         trainer_module.save_sharded, trainer_module.Trainer._micro_step = save_then_crash, fail_on_rank_1
+        if rank == 0 and "damage" in job:  # before the ranks meet: rank 1 reads the run after rank 0
+            damage_a_shard(*job["damage"])
         with open(f"{logs}/job{i}.rank{rank}.err", "w") as err:
             os.dup2(err.fileno(), 2)
             status = main(job["argv"])
@@ -139,7 +161,9 @@ def runs(small_overrides, tmp_path_factory):
     adahop_lv2 run (6 steps, 2 of calibration, a checkpoint every 2), that run cut off right
     after its step-2 checkpoint (still calibrating: per-rank votes) and resumed, the
     one-process run resumed on 2 ranks from its step-2 checkpoint, a run whose loss diverges,
-    one whose rank 1 finds the disk full at the step-4 checkpoint, and one whose rank 1 fails in step 3 (last: its processes go on, but in a group of their own)."""
+    one whose rank 1 finds the disk full at the step-4 checkpoint, the straight run resumed
+    from step 4 after a shard of its step-6 checkpoint was damaged (with and without checksums), and
+    one whose rank 1 fails in step 3 (last: its processes go on, but in a group of their own)."""
     root = tmp_path_factory.mktemp("dist")
     Trainer(load_config(None, small_overrides(root / "single", **NEAREST)), progress=False).train()  # caches the tokens
     shutil.copytree(root / "single", root / "widened")
@@ -152,8 +176,12 @@ def runs(small_overrides, tmp_path_factory):
         {"argv": ["--out", str(root / "widened"), "--resume"]},
         {"argv": as_argv(small_overrides(root / "diverging", **ONE_BLOCK, **DIVERGING))},
         {"argv": as_argv(small_overrides(root / "full_disk", **ONE_BLOCK)), "full_disk_at": 4},
-        {"argv": as_argv(small_overrides(root / "failing", **ONE_BLOCK)), "fail_at": 3},
     ]
+    for name, checksums in (("damaged", True), ("damaged_unchecked", False)):
+        # The whole config in the arguments: rank 1 must not read the run before rank 0 copied it.
+        resume = [*as_argv(small_overrides(root / name, **ONE_BLOCK)), "--resume"]
+        jobs.append({"argv": resume, "damage": (str(root / "straight"), str(root / name), checksums)})
+    jobs.append({"argv": as_argv(small_overrides(root / "failing", **ONE_BLOCK)), "fail_at": 3})  # last: see above
     return root, spawn(jobs, root / "logs")
 
 
@@ -289,7 +317,7 @@ def test_one_rank_failing_stops_both_with_one_message(runs):
     silently; the step-2 checkpoint stays the latest."""
     root, results = runs
     run = root / "failing"
-    [(status0, err0), (status1, err1)] = results[7]
+    [(status0, err0), (status1, err1)] = results[-1]
     assert (status0, status1) == (1, 1)
     assert "error:" not in err0 and "Traceback" not in err0, err0
     lines = [line for line in err1.splitlines() if "error:" in line]
@@ -316,5 +344,25 @@ def test_a_cut_short_sharded_write_is_never_the_latest(runs, small_overrides, tm
         trainer = Trainer(
             load_config(None, small_overrides(run, **ONE_BLOCK, training__steps=7)), resume=True, progress=False
         )
-    assert trainer.step == 4 and "not a readable distributed checkpoint" in caplog.text
+    assert trainer.step == 4 and f"{run / 'checkpoints' / 'step_0000006'}: .metadata is missing" in caplog.text
     assert not partial.exists() and (run / "checkpoints" / "step_0000006.corrupt").is_dir()
+
+
+@pytest.mark.parametrize(
+    ("job", "name", "reason"),
+    [(7, "damaged", "changed since it was written"), (8, "damaged_unchecked", "the metadata points up to")],
+)
+def test_a_damaged_shard_sets_the_checkpoint_aside_and_resumes_from_the_one_before(runs, job, name, reason):
+    """Rank 0 checks the newest checkpoint's files against their checksums (a checkpoint written
+    before checksums: their sizes against DCP's metadata) before any rank loads it, sets the
+    damaged one aside and every rank resumes from the one before, as one process does."""
+    root, results = runs
+    run = root / name
+    [(status0, err0), (status1, err1)] = results[job]
+    assert (status0, status1) == (0, 0), err0 + err1
+    damaged = run / "checkpoints" / "step_0000006"
+    assert f"warning: {damaged}: " in err0 and reason in err0 and "renamed it to step_0000006.corrupt" in err0
+    assert f"resumed from {run / 'checkpoints' / 'step_0000004'} at step 4" in err0
+    assert (run / "checkpoints" / "step_0000006.corrupt" / "__1_0.distcp").is_file()  # set aside, not deleted
+    assert losses(run) == losses(root / "straight")  # steps 5 and 6 again, exactly
+    assert latest_checkpoint(run).name == "step_0000006"  # written anew

@@ -151,26 +151,49 @@ def test_resume_refuses_what_it_cannot_honour_and_records_nothing(
 
 
 # ---- 3. a corrupt latest checkpoint ----------------------------------------------------------
+def flip_one_byte(data: bytes) -> bytes:
+    """Bit rot inside a tensor's bytes: the file is still a readable torch.save archive."""
+    middle = len(data) // 2
+    return data[:middle] + bytes([data[middle] ^ 1]) + data[middle + 1 :]
+
+
+# With its checksum (any change is caught) and without (a checkpoint written before checksums
+# existed: what torch.load cannot read is caught, and named).
 @pytest.mark.parametrize(
-    "damage, reason",
+    "damage, checksum, reason",
     [
-        (lambda data: data[: len(data) // 2], "truncated archive"),
-        (lambda data: os.urandom(4096), "not a torch.save archive"),
+        (lambda data: data[: len(data) // 2], True, "step_0000004.pt changed since it was written"),
+        (flip_one_byte, True, "step_0000004.pt changed since it was written"),
+        (
+            lambda data: data[: len(data) // 2],
+            False,
+            "not a readable checkpoint, corrupt or truncated (truncated archive)",
+        ),
+        (
+            lambda data: os.urandom(4096),
+            False,
+            "not a readable checkpoint, corrupt or truncated (not a torch.save archive)",
+        ),
     ],
 )
 def test_corrupt_latest_checkpoint_falls_back_to_the_one_before(
-    damage, reason, four_steps, small_overrides, tmp_path, caplog
+    damage, checksum, reason, four_steps, small_overrides, tmp_path, caplog
 ):
     run = copy_run(four_steps, tmp_path)
     latest = run / "checkpoints" / "step_0000004.pt"
     latest.write_bytes(damage(latest.read_bytes()))
+    if not checksum:
+        for sidecar in latest.parent.glob("*.sha256"):
+            sidecar.unlink()
     with caplog.at_level(logging.WARNING, logger="adahop"):
         trainer = Trainer(load_config(None, small_overrides(run, training__steps=6)), resume=True, progress=False)
     assert trainer.step == 2
     (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert f"{latest}: not a readable checkpoint, corrupt or truncated ({reason})" in warning
+    assert f"{latest}: {reason}" in warning
     assert "weights_only" not in warning and "renamed it to step_0000004.pt.corrupt" in warning
-    assert sorted(p.name for p in latest.parent.iterdir()) == ["step_0000002.pt", "step_0000004.pt.corrupt"]
+    aside = ["step_0000004.pt.corrupt"] + (["step_0000004.pt.sha256.corrupt"] if checksum else [])
+    kept = ["step_0000002.pt"] + (["step_0000002.pt.sha256"] if checksum else [])
+    assert sorted(p.name for p in latest.parent.iterdir()) == sorted(kept + aside)
 
 
 def test_no_readable_checkpoint_is_one_clear_error(four_steps, small_overrides, tmp_path):
@@ -204,7 +227,8 @@ def test_temp_file_of_a_killed_checkpoint_write_is_removed_on_resume(four_steps,
     with caplog.at_level(logging.INFO, logger="adahop"):
         Trainer(load_config(None, small_overrides(run, training__steps=6)), resume=True, progress=False)
     assert not tmp.exists() and f"removed {tmp}, left by an interrupted write" in caplog.text
-    assert sorted(p.name for p in tmp.parent.iterdir()) == ["step_0000002.pt", "step_0000004.pt"]
+    assert sorted(p.name for p in tmp.parent.glob("*.pt")) == ["step_0000002.pt", "step_0000004.pt"]
+    assert not list(tmp.parent.glob(".*"))
 
 
 def test_temp_files_of_running_writers_are_kept(tmp_path):
@@ -255,23 +279,31 @@ def test_ctrl_c_is_one_line_with_the_last_checkpoint_and_exit_130(small_override
     assert not list((run / "checkpoints").glob(".*"))  # no half-written checkpoint
 
 
-def test_full_disk_is_one_line_and_keeps_the_last_checkpoint(small_overrides, tmp_path, capsys, monkeypatch):
+def test_full_disk_is_one_line_and_keeps_the_last_checkpoint(
+    small_overrides, tmp_path, capsys, monkeypatch, disk_fills_up
+):
+    """The disk fills up inside torch.save's zip writer (a RuntimeError there): one line saying what
+    failed, where the run stopped and how to continue; continuing then loses nothing."""
     save = trainer_module.save_checkpoint
 
     def disk_full_at_step_4(path, state):
         if state["step"] == 4:
-            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+            disk_fills_up(5000)
         return save(path, state)
 
     monkeypatch.setattr(trainer_module, "save_checkpoint", disk_full_at_step_4)
     run = tmp_path / "run"
     assert main(as_argv(small_overrides(run))) == 1
     line = error_line(capsys.readouterr().err)
-    assert (
-        f"cannot write {run / 'checkpoints' / 'step_0000004.pt'}: No space left on device; stopped at step 4 of 6"
-        in line
+    assert line == (
+        f"adahop train: error: cannot write {run / 'checkpoints' / 'step_0000004.pt'}: No space left on device; "
+        f"stopped at step 4 of 6; last checkpoint {run / 'checkpoints' / 'step_0000002.pt'}; "
+        f"continue with: adahop train --out {run} --resume"
     )
-    assert f"last checkpoint {run / 'checkpoints' / 'step_0000002.pt'}" in line
+    monkeypatch.undo()  # space freed
+    assert main(["--out", str(run), "--resume"]) == 0
+    assert [r["step"] for r in read_metrics(run) if r["kind"] == "train"] == [1, 2, 3, 4, 5, 6]  # 3, 4 again
+    assert latest_checkpoint(run).name == "step_0000006.pt"
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,9 @@
 | `config`             | `TrainConfig` (nested dataclasses), TOML in and out, overrides  |
 | `builders`           | the device, the converted model and the data a config describes |
 | `optim`              | AdamW and the warmup + cosine schedule                          |
-| `checkpoint`         | atomic, exactly resumable checkpoints                           |
+| `checkpoint`         | atomic, exactly resumable checkpoints; reads either format      |
+| `checkpoint_files`   | checkpoint names, checksums, setting damaged ones aside         |
+| `rng`                | the random generators a step draws from, as checkpoint state    |
 | `distributed`        | torchrun's process group, FSDP2 sharding, failures across ranks |
 | `sharded_checkpoint` | the checkpoints of a multi-process run (DCP)                    |
 | `metrics`            | `metrics.jsonl`, TensorBoard, `loss.png`                        |
@@ -14,8 +16,8 @@
 | `cli`                | the command line                                                |
 
 A run directory holds ``config.toml``, ``metrics.jsonl``, ``plan.json``, ``tb/``,
-``checkpoints/step_XXXXXXX.pt`` (``step_XXXXXXX/`` directories when trained on several ranks)
-and ``loss.png``. To read a run back::
+``checkpoints/step_XXXXXXX.pt`` with its ``.sha256`` (``step_XXXXXXX/`` directories when trained
+on several ranks) and ``loss.png``. To read a run back::
 
     cfg = load_config(run_dir / "config.toml")
     model = build_model_from_config(cfg)

@@ -13,86 +13,53 @@ A checkpoint is one ``torch.save`` file, ``<run_dir>/checkpoints/step_XXXXXXX.pt
 | `config`    | the run's resolved `TrainConfig.to_dict()`                                |
 
 It is written to a temporary file in the same directory, flushed to disk and then renamed over
-the final name, so a crash mid-write leaves the previous checkpoints as they were. Only plain
-containers and tensors are stored, so loading uses ``weights_only=True``.
+the final name, so a crash mid-write leaves the previous checkpoints as they were; its SHA-256,
+taken while writing, goes to the sidecar ``step_XXXXXXX.pt.sha256`` (``checkpoint_files``). A
+failed write (a full disk) is an ``OSError`` naming the file, whatever ``torch.save`` made of it.
+Only plain containers and tensors are stored, so loading uses ``weights_only=True``.
 
 A multi-process run writes sharded checkpoints instead, directories ``step_XXXXXXX/`` (see
-``sharded_checkpoint``); both kinds count as the run's checkpoints, ordered by step.
+``sharded_checkpoint``); both kinds count as the run's checkpoints, ordered by step, and this
+module reads either (:func:`read_any`, :func:`newest_readable`, :func:`load_checkpoint`).
 """
 
 from __future__ import annotations
 
+import logging
 import pickle
-import random
-import re
-import shutil
 import zipfile
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
 from ..atomic import atomic_file
 from ..recipes import Recipe
+from .checkpoint_files import (
+    CHECKPOINT_DIR,
+    CheckpointError,
+    HashingWriter,
+    UnreadableCheckpointError,
+    is_checkpoint_name,
+    latest_checkpoint,
+    list_checkpoints,
+    set_aside,
+    verify_checksums,
+    write_failure,
+    write_file_checksum,
+)
+from .rng import rng_state
+from .sharded_checkpoint import load_sharded, read_sharded
+
+log = logging.getLogger(__name__)
 
 CHECKPOINT_FORMAT = 1
-CHECKPOINT_DIR = "checkpoints"
-_NAME = re.compile(r"^step_(\d+)(\.pt)?$")  # a file, or a sharded checkpoint's directory
 _ZIP_MAGIC = b"PK\x03\x04"  # torch.save writes a zip archive
 REQUIRED_KEYS = ("format", "step", "model", "optimizer", "scheduler", "data", "rng", "config")
 MATCHING_SECTIONS = ("model", "recipe", "data")  # a resumed run must not change these,
 MATCHING_KEYS = (("training", "seed"), ("training", "grad_accum"))  # nor these (the data order and
 # the tokens per step); any other config change is applied
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that is missing, unreadable or does not belong to this run."""
-
-
-class UnreadableCheckpointError(CheckpointError):
-    """A checkpoint file that ``torch.load`` cannot read: truncated, corrupt or not a checkpoint."""
-
-
-def checkpoint_path(run_dir: str | Path, step: int) -> Path:
-    return Path(run_dir) / CHECKPOINT_DIR / f"step_{step:07d}.pt"
-
-
-def list_checkpoints(run_dir: str | Path) -> list[Path]:
-    """The run's checkpoints (files and sharded directories), oldest first."""
-    directory = Path(run_dir) / CHECKPOINT_DIR
-    if not directory.is_dir():
-        return []
-    found = [(int(m[1]), p) for p in directory.iterdir() if (m := _NAME.match(p.name)) and p.is_dir() != bool(m[2])]
-    return [p for _, p in sorted(found)]
-
-
-def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    """The checkpoint with the highest step in ``run_dir/checkpoints``, or None."""
-    checkpoints = list_checkpoints(run_dir)
-    return checkpoints[-1] if checkpoints else None
-
-
-# ---- random generators ----------------------------------------------------------------------
-def rng_state() -> dict[str, Any]:
-    """Every generator a training step may draw from (NumPy's as plain lists for weights_only)."""
-    kind, key, pos, has_gauss, gauss = np.random.get_state()
-    return {
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        "python": random.getstate(),
-        "numpy": (kind, key.tolist(), pos, has_gauss, gauss),
-    }
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-    random.setstate(state["python"])
-    kind, key, pos, has_gauss, gauss = state["numpy"]
-    np.random.set_state((kind, np.asarray(key, dtype=np.uint32), pos, has_gauss, gauss))
 
 
 # ---- writing --------------------------------------------------------------------------------
@@ -118,27 +85,24 @@ def training_state(
 
 
 def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
-    """Write ``state`` to ``path`` atomically: temporary file, fsync, rename."""
+    """Write ``state`` to ``path`` atomically (temporary file, fsync, rename), then its checksum.
+    Any failed write raises an ``OSError`` naming ``path`` and leaves the checkpoints as they were."""
     path = Path(path)
-    with atomic_file(path) as f:
-        torch.save(state, f)
+    try:
+        with atomic_file(path) as f:
+            writer = HashingWriter(f)
+            torch.save(state, writer)
+        write_file_checksum(path, writer.sha256.hexdigest())
+    except (OSError, RuntimeError) as e:
+        raise write_failure(e, path) from None
     return path
-
-
-def prune_checkpoints(run_dir: str | Path, keep_last: int) -> None:
-    """Delete all but the newest ``keep_last`` checkpoints."""
-    for path in list_checkpoints(run_dir)[:-keep_last]:
-        if path.is_dir():
-            shutil.rmtree(path)
-        else:
-            path.unlink()
 
 
 # ---- reading --------------------------------------------------------------------------------
 def resolve_checkpoint(path_or_run_dir: str | Path) -> Path:
     """A checkpoint file, or the latest checkpoint of a run directory."""
     path = Path(path_or_run_dir)
-    if path.is_dir() and not _NAME.match(path.name):  # a run directory, not a sharded checkpoint
+    if path.is_dir() and not is_checkpoint_name(path.name):  # a run directory, not a sharded checkpoint
         latest = latest_checkpoint(path)
         if latest is None:
             raise CheckpointError(f"{path}: no checkpoints in {path / CHECKPOINT_DIR}")
@@ -163,8 +127,11 @@ def _unreadable_reason(path: Path, error: Exception) -> str:
     return str(error).split(". ")[0] or type(error).__name__
 
 
-def read_checkpoint(path: Path) -> dict[str, Any]:
-    """The raw checkpoint dict, or a CheckpointError saying which file is wrong and how."""
+def read_checkpoint(path: Path, verify: bool = True) -> dict[str, Any]:
+    """The raw checkpoint dict, or a CheckpointError saying which file is wrong and how (an
+    ``UnreadableCheckpointError`` for one that is damaged or fails its checksum)."""
+    if verify:
+        verify_checksums(path)
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except OSError as e:
@@ -182,6 +149,26 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
             f"{path}: checkpoint format {state['format']!r}, this adahop reads format {CHECKPOINT_FORMAT}"
         )
     return state
+
+
+def read_any(path: Path, verify: bool = True) -> dict[str, Any]:
+    """A checkpoint of either format, read (and checked against its checksums when ``verify``):
+    a single-process file's whole dict, a sharded directory's ``train`` entry."""
+    return read_sharded(path, verify) if path.is_dir() else read_checkpoint(path, verify)
+
+
+def newest_readable(run_dir: Path, verify: bool = True) -> tuple[Path, dict[str, Any]]:
+    """The newest checkpoint of ``run_dir`` that reads back intact (:func:`read_any`); newer
+    unreadable ones are set aside (renamed to ``*.corrupt``) with a warning."""
+    for path in reversed(list_checkpoints(run_dir)):
+        try:
+            return path, read_any(path, verify)
+        except UnreadableCheckpointError as e:
+            aside = set_aside(path)
+            log.warning("warning: %s; renamed it to %s and trying the one before", e, aside.name)
+    raise CheckpointError(
+        f"no readable checkpoint left in {run_dir / CHECKPOINT_DIR}; start a new run with another --out"
+    )
 
 
 def check_matches(path: Path, saved: dict[str, Any], current: dict[str, Any]) -> None:
@@ -239,8 +226,6 @@ def load_checkpoint(
     """
     path = resolve_checkpoint(path_or_run_dir)
     if path.is_dir():
-        from .sharded_checkpoint import load_sharded, read_sharded  # that module builds on this one
-
         state = read_sharded(path)
         if config is not None:
             check_matches(path, state["config"], config)

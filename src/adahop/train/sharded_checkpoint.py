@@ -11,7 +11,10 @@ writes its shards into. It holds what a single-process checkpoint holds:
 | `ranks.R`   | rank R's data position, random generators and each AdaHOP layer's plan and calibration votes (votes are per rank until the plan freezes) |
 
 Atomic: the ranks write into ``.step_XXXXXXX.tmp``, which rank 0 renames to its final name once
-DCP has written the metadata, so a checkpoint cut short is never taken as the latest.
+DCP has written the metadata and the ranks the checksums of their files (``checksums.sha256``,
+see ``checkpoint_files``), so a checkpoint cut short is never taken as the latest. A checkpoint
+with a damaged or missing shard is unreadable, like a damaged single-process file: a resumed run
+sets it aside and takes the one before.
 
 Resuming on M ranks a checkpoint written by N: DCP reshards model and optimizer; rank r takes
 the per-rank state of rank r mod N (so every rank has as many calibration votes as the others
@@ -35,16 +38,27 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint import CheckpointException
+from torch.distributed.checkpoint import CheckpointException, FileSystemWriter
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from ..atomic import publish_dir
 from ..nn import adahop_layers
-from .checkpoint import CHECKPOINT_DIR, CheckpointError, UnreadableCheckpointError, rng_state, set_rng_state
+from .checkpoint_files import (
+    CHECKPOINT_DIR,
+    CHECKSUM_FILE,
+    CheckpointError,
+    UnreadableCheckpointError,
+    file_sha256,
+    verify_checksums,
+    write_dir_checksums,
+    write_failure,
+)
+from .rng import rng_state, set_rng_state
 
 SHARDED_FORMAT = 1
 _EXTRA_STATE = "_extra_state"  # AdaHOP layers' plan and votes: saved per rank, not as model state
 _PARTIAL = re.compile(r"^\.step_\d+\.(tmp|old)$")
+_RANK_FILE = re.compile(r"^__(\d+)_\d+\.distcp$")  # the data files DCP's file system writer names per rank
 
 
 def _blob(obj: Any) -> io.BytesIO:
@@ -73,6 +87,18 @@ def _failure(error: CheckpointException) -> str:
     """The first rank's error of a failed DCP save or load, in one line."""
     rank, (exc, _) = min(error.failures.items())
     return f"rank {rank}: {type(exc).__name__}: {exc}".splitlines()[0]
+
+
+class _Writer(FileSystemWriter):
+    """DCP's file system writer, whose failed write is the ``OSError`` behind it: DCP gathers a
+    rank's failure to every rank by pickling, which drops what ``torch.save``'s ``RuntimeError``
+    hides (a full disk), so it is mapped here, on the rank that failed."""
+
+    def write_data(self, plan: Any, planner: Any) -> Any:
+        try:
+            return super().write_data(plan, planner)
+        except (OSError, RuntimeError) as e:
+            raise write_failure(e, Path(self.path)) from None
 
 
 def _model_state(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> tuple[dict, dict]:
@@ -115,21 +141,55 @@ def save_sharded(
         tmp.mkdir(parents=True)
     dist.barrier()
     try:
-        dcp.save(state, checkpoint_id=tmp)
+        dcp.save(state, storage_writer=_Writer(tmp))
     except CheckpointException as e:
-        rank, (error, _) = min(e.failures.items())
-        if isinstance(error, OSError):  # a full disk, a lost directory: said as for one process
-            raise OSError(error.errno, f"{error.strerror or error} (on rank {rank})", str(path)) from None
+        failed_rank, (error, _) = min(e.failures.items())
+        if isinstance(error, (OSError, RuntimeError)):  # a full disk, a lost directory: as for one process
+            failure = write_failure(error, path)
+            raise OSError(failure.errno, f"{failure.strerror} (on rank {failed_rank})", str(path)) from None
         raise CheckpointError(f"{path}: writing the checkpoint failed on {_failure(e)}") from None
+    _write_checksums(tmp, rank)
     if rank == 0:
         publish_dir(tmp, path)
     dist.barrier()  # no rank goes on (and may prune) before the checkpoint is in place
     return path
 
 
-def read_sharded(path: Path) -> dict[str, Any]:
+def _write_checksums(tmp: Path, rank: int) -> None:
+    """Each rank hashes the files it wrote (rank 0 also the metadata), rank 0 records them all;
+    a collective. A failed read or write on any rank raises the same ``OSError`` on every rank."""
+    digests, error = {}, None
+    try:
+        for file in sorted(tmp.iterdir()):
+            owner = _RANK_FILE.match(file.name)
+            if (int(owner[1]) == rank) if owner else rank == 0:
+                digests[file.name] = file_sha256(file)
+    except OSError as e:
+        error = (e.errno, e.strerror, e.filename)
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, (digests, error))
+    failures = [(r, e) for r, (_, e) in enumerate(gathered) if e is not None]
+    if not failures and rank == 0:
+        try:
+            write_dir_checksums(tmp, {name: d for ds, _ in gathered for name, d in ds.items()})
+        except OSError as e:
+            failures = [(0, (e.errno, e.strerror, e.filename))]
+    outcome = [failures]
+    dist.broadcast_object_list(outcome, src=0)  # rank 0's list: with its own write's failure
+    if outcome[0]:
+        failed_rank, (code, reason, filename) = outcome[0][0]
+        raise OSError(code, f"{reason} (on rank {failed_rank})", filename)
+
+
+def read_sharded(path: Path, verify: bool = True) -> dict[str, Any]:
     """The ``train`` entry of a sharded checkpoint (step, config, ...), read by this process
-    alone; an ``UnreadableCheckpointError`` for a directory DCP cannot read."""
+    alone; an ``UnreadableCheckpointError`` for a directory DCP cannot read, or (``verify``) one
+    whose files fail their checksums or, written without checksums, are shorter than the
+    metadata says."""
+    if verify:
+        verify_checksums(path)
+        if not (path / CHECKSUM_FILE).exists():
+            _check_sizes(path)
     state = {"train": io.BytesIO()}
     try:
         _load(state, path, no_dist=True)
@@ -140,6 +200,22 @@ def read_sharded(path: Path) -> dict[str, Any]:
     if not isinstance(train, dict) or train.get("format") != SHARDED_FORMAT:
         raise CheckpointError(f"{path}: not an adahop distributed checkpoint of format {SHARDED_FORMAT}")
     return train
+
+
+def _check_sizes(path: Path) -> None:
+    """Every shard file the metadata names exists and holds the bytes it points into."""
+    try:
+        metadata = dcp.FileSystemReader(path).read_metadata()
+    except Exception:  # no metadata: the read that follows says so
+        return
+    ends: dict[str, int] = {}
+    for info in (metadata.storage_data or {}).values():
+        ends[info.relative_path] = max(ends.get(info.relative_path, 0), info.offset + info.length)
+    for name, end in sorted(ends.items()):
+        size = (path / name).stat().st_size if (path / name).is_file() else None
+        if size is None or size < end:
+            what = "is missing" if size is None else f"has {size} bytes, the metadata points up to {end}"
+            raise UnreadableCheckpointError(f"{path}: not a readable distributed checkpoint ({name} {what})")
 
 
 def load_sharded(

@@ -48,21 +48,14 @@ from ..policy import NonFiniteTensorError
 from ..policy.calibration import paused_votes
 from .builders import autocast_for, build_data, build_model_from_config, mean_loss, resolve_device
 from .checkpoint import (
-    CHECKPOINT_DIR,
-    CheckpointError,
-    UnreadableCheckpointError,
     check_matches,
-    checkpoint_path,
     config_changes,
-    latest_checkpoint,
-    list_checkpoints,
-    prune_checkpoints,
-    read_checkpoint,
+    newest_readable,
     restore_state,
     save_checkpoint,
-    set_rng_state,
     training_state,
 )
+from .checkpoint_files import CHECKPOINT_DIR, checkpoint_path, latest_checkpoint, list_checkpoints, prune_checkpoints
 from .config import ConfigError, TrainConfig
 from .distributed import (
     ParallelEnv,
@@ -77,21 +70,14 @@ from .graphs import GraphedMicroStep
 from .metrics import METRICS_FILE, PLOT_FILE, MetricsLogger, PeakMemory, plot_losses, read_metrics
 from .nonfinite import PendingSteps, StepFigures, step_unless_non_finite
 from .optim import apply_hyperparameters, build_lr_scheduler, build_optimizer
-from .sharded_checkpoint import (
-    load_full,
-    load_sharded,
-    read_sharded,
-    remove_partial_checkpoints,
-    restore_rng,
-    save_sharded,
-)
+from .rng import set_rng_state
+from .sharded_checkpoint import load_full, load_sharded, remove_partial_checkpoints, restore_rng, save_sharded
 from .telemetry import RECORD_KIND, calibrated_layers, drift_record, merge_over_ranks, sample_patterns
 
 log = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.toml"
 PLAN_FILE = "plan.json"
-CORRUPT_SUFFIX = ".corrupt"  # an unreadable checkpoint is renamed aside, never deleted
 
 
 class NonFiniteLossError(RuntimeError):
@@ -206,7 +192,8 @@ class Trainer:
         if not resume:
             self._refuse_leftovers()
             return None
-        path, state = self._newest_readable(checkpoints)
+        # Rank 0 verifies the checksums and sets damaged checkpoints aside; the others list after it.
+        path, state = newest_readable(run_dir, verify=self.env.is_main)
         self._check_resumable(path, state)
         return path, state
 
@@ -219,19 +206,6 @@ class Trainer:
                 f"{self.run_dir} holds {' and '.join(leftovers)} of an earlier run that wrote no checkpoint; "
                 f"delete {'it' if len(leftovers) == 1 else 'them'} (or the directory) to start over there, or pass --out DIR"
             )
-
-    def _newest_readable(self, checkpoints: list[Path]) -> tuple[Path, dict]:
-        """The newest checkpoint that reads back; unreadable newer ones are renamed aside."""
-        for path in reversed(checkpoints):
-            try:
-                return path, read_sharded(path) if path.is_dir() else read_checkpoint(path)
-            except UnreadableCheckpointError as e:
-                aside = path.with_name(path.name + CORRUPT_SUFFIX)
-                path.rename(aside)  # by rank 0: the other ranks list the checkpoints after it
-                log.warning("warning: %s; renamed it to %s and trying the one before", e, aside.name)
-        raise CheckpointError(
-            f"no readable checkpoint left in {self.run_dir / CHECKPOINT_DIR}; start a new run with another --out"
-        )
 
     def _check_resumable(self, path: Path, state: dict) -> None:
         """Refuse config changes a resumed run cannot honour; log the ones it applies."""
