@@ -233,3 +233,18 @@ def test_readme_python_snippet_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     plan = adahop.model_plan(namespace["model"])
     assert sorted(plan) == ["down", "up"] and (tmp_path / "plan.json").exists()
     assert adahop.model_plan(namespace["other"]).to_json() == plan.to_json()
+
+
+def test_quickstart_commands_and_extras() -> None:
+    """The README keeps the two set-up commands CI runs (.ci/run), and every extra a doc installs exists."""
+    import tomllib
+
+    readme = (ROOT / "README.md").read_text()
+    assert "pip install torch==2.13.0 -e . && adahop train\n" in readme
+    assert 'pip install torch==2.13.0 -e ".[test]" && python -m pytest -q\n' in readme
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert 'torch==2.13.0 -e ".[test]"' in ci and "pytest -q" in ci
+    extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+    for doc in DOCS:
+        named = {e for group in re.findall(r'-e "\.\[([\w,-]+)\]"', doc.read_text()) for e in group.split(",")}
+        assert named <= extras, f"{_rel(doc)} installs extras pyproject.toml does not define: {named - extras}"
