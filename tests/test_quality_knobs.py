@@ -7,11 +7,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from adahop.nn import AdaHOPLinear, set_bf16_forward
+from adahop import quantize_mx
+from adahop.nn import AdaHOPLinear, OsciReset, set_bf16_forward
 from adahop.recipes import Recipe
 from adahop.train import Trainer, load_config, read_metrics
 import adahop.train.trainer as trainer_module
 from adahop.train import checkpoint as ckpt
+from adahop.transforms import hadamard_transform
 
 
 class Interrupted(Exception):
@@ -99,3 +101,63 @@ def test_switch_recaptures_the_cuda_graphs(small_overrides, tmp_path):
         runs[graph] = losses(out)
         assert trainer.graph_captured == graph
     assert max(abs(a - b) for a, b in zip(*runs.values())) < 2e-3, runs
+
+
+# ---- osci_reset ---------------------------------------------------------------------------------
+def quantized_forward_weight(layer, rotate):
+    """W as the forward's MXFP4 quantizer sees it (after its Hadamard if ``rotate``), dequantized."""
+    w = layer.weight.detach().float()
+    return quantize_mx(hadamard_transform(w) if rotate else w).dequantize()
+
+
+@pytest.mark.parametrize(("recipe", "rotate"), [("mxfp4", False), ("mxfp4_hadamard", True)])
+def test_osci_reset_stops_a_weight_oscillating_across_a_rounding_boundary(recipe, rotate):
+    """Element (0, 0) of the forward's (rotated) W sits on the boundary between E2M1's 2 and 3 and
+    SGD pushes it back and forth across: its quantized value flips every step. Element (0, 2) drifts
+    the same distance one way only. With OsciReset the first is reset onto the grid after a few
+    reversals and stops flipping; the second, and every other weight, follow plain SGD exactly."""
+    runs = {}
+    for threshold in (None, 0.05):
+        layer = AdaHOPLinear(64, 32, bias=False, recipe=recipe)
+        target = torch.zeros(32, 64)
+        target[:, 1] = 6.0  # every block's amax: scale 1 on every step
+        target[0, 0], target[0, 2] = 2.51, 1.01
+        step = torch.zeros(32, 64)
+        step[0, 0], step[0, 2] = 0.04, 0.04
+        rotate_back = hadamard_transform if rotate else (lambda t: t)  # H/sqrt(n) is its own inverse
+        layer.weight.data.copy_(rotate_back(target))
+        opt = torch.optim.SGD(layer.parameters(), lr=1.0)
+        osci = OsciReset(layer, threshold) if threshold else None
+        if osci:
+            osci.attach(opt)
+        seen = []
+        for i in range(30):
+            grad = step.clone()
+            grad[0, 0] *= 1 if i % 2 == 0 else -1  # back and forth
+            grad[0, 2] *= -1  # one way
+            layer.weight.grad = rotate_back(grad)
+            opt.step()
+            seen.append(quantized_forward_weight(layer, rotate))
+        runs[threshold] = layer, seen
+    plain, reset = runs[None][1], runs[0.05][1]
+    assert len({q[0, 0].item() for q in plain[-10:]}) == 2  # still flipping at the end
+    assert len({q[0, 0].item() for q in reset[-10:]}) == 1  # settled
+    assert all(torch.equal(a[0, 2], b[0, 2]) for a, b in zip(plain, reset))  # the drifting one untouched
+    w_plain, w_reset = (runs[t][0].weight.detach() for t in (None, 0.05))
+    moved = (hadamard_transform(w_reset - w_plain) if rotate else w_reset - w_plain).abs() > 1e-5
+    assert moved.nonzero().tolist() == [[0, 0]]  # only the oscillating element was touched
+
+
+def test_osci_reset_is_validated_and_attached_by_the_trainer(small_overrides, tmp_path, one_thread):
+    for bad in (0, 1, -0.5, "often"):
+        with pytest.raises(ValueError, match="must be a reversal rate per step in \\(0, 1\\)"):
+            Recipe(osci_reset=bad)
+    trainer = Trainer(
+        load_config(None, small_overrides(tmp_path, recipe="mxfp4", recipe__osci_reset=0.05)), progress=False
+    )
+    trainer.train()
+    assert trainer.osci_reset is not None and trainer.osci_reset.resets is not None
+    assert set(trainer.osci_reset.tracks) == set(trainer.named_layers)  # every layer tracked from step 1
+    assert (
+        Trainer(load_config(None, small_overrides(tmp_path / "off", recipe="mxfp4")), progress=False).osci_reset is None
+    )

@@ -104,6 +104,10 @@ class Recipe:
     # The forward GEMM of every layer in BF16 for the last steps of training, from step
     # int(bf16_forward_after * training.steps) on (NVIDIA's NVFP4 recipe, appendix D); None: never.
     bf16_forward_after: float | None = None
+    # TetraJet-v2's OsciReset (adahop.nn.oscillation): after each optimizer step, weights whose
+    # forward-quantized value reverses direction more often than this rate (an EMA, per step) are
+    # reset to the centre of their quantization bin; None: off.
+    osci_reset: float | None = None
 
     def __post_init__(self) -> None:
         for knob in ("exclude", "bf16_gemms", "bf16_layers"):
@@ -136,6 +140,11 @@ class Recipe:
         check(self.grad_rounding, ROUNDING_MODES, "grad_rounding")
         check(self.weight_blocks, WEIGHT_BLOCKS, "weight_blocks")
         check(self.torchao_float8, (None, *FLOAT8_SCALINGS), "torchao_float8")
+        rate = self.osci_reset
+        if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate < 1):
+            raise ValueError(
+                f"recipe {self.name!r}: osci_reset={rate!r} must be a reversal rate per step in (0, 1), or unset"
+            )
         after = self.bf16_forward_after
         if after is not None and (
             isinstance(after, bool) or not isinstance(after, (int, float)) or not 0 <= after <= 1

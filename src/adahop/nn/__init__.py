@@ -2,5 +2,6 @@
 
 from .convert import adahop_layers, convert_model, load_plan, model_plan, set_bf16_forward
 from .linear import AdaHOPLinear
+from .oscillation import OsciReset
 
-__all__ = ["AdaHOPLinear", "adahop_layers", "convert_model", "load_plan", "model_plan", "set_bf16_forward"]
+__all__ = ["AdaHOPLinear", "OsciReset", "adahop_layers", "convert_model", "load_plan", "model_plan", "set_bf16_forward"]

@@ -43,7 +43,7 @@ from tqdm import tqdm
 
 from ..atomic import remove_stale_temp_files, write_atomic
 from ..models import num_params
-from ..nn import adahop_layers, model_plan, set_bf16_forward
+from ..nn import OsciReset, adahop_layers, model_plan, set_bf16_forward
 from ..policy import NonFiniteTensorError
 from ..policy.calibration import paused_votes
 from .builders import autocast_for, build_data, build_model_from_config, mean_loss, resolve_device
@@ -146,6 +146,10 @@ class Trainer:
                     self.env.world_size,
                 )
         self.optimizer = build_optimizer(self.model, cfg.optim, self.device)
+        self.osci_reset = None  # recipe.osci_reset: weight de-oscillation after every optimizer step
+        if cfg.recipe.osci_reset is not None:
+            self.osci_reset = OsciReset(self.model, cfg.recipe.osci_reset)
+            self.osci_reset.attach(self.optimizer)
         # 1 once a step's loss or gradient norm was not finite: from then on the optimizer applies nothing.
         self._found_inf = torch.zeros((), dtype=torch.float32, device=self.device)
         self.named_layers = adahop_layers(self.model)
