@@ -371,3 +371,39 @@ def test_progress_bar_restarts_its_eta_when_calibration_ends(small_overrides, tm
     monkeypatch.setattr(trainer_module, "tqdm", recording_tqdm)
     Trainer(load_config(None, small_overrides(tmp_path / "run", training__steps=3)), progress=False).train()
     assert starts == [0, 3]  # the calibration bar, then the frozen one (its own rate) from the first frozen step
+
+
+# ---- 6. two runs on one --out ----------------------------------------------------------------
+def test_a_second_run_on_a_busy_out_refuses_in_one_line_and_a_dead_runs_lock_does_not_block(
+    four_steps, small_overrides, tmp_path, capsys
+):
+    """Another process holds the run directory's lock (as a running ``adahop train`` does): a new
+    run and a resume there both refuse, naming it, and touch nothing. Once that process is
+    killed (SIGKILL: no clean-up), its lock is gone with it and the resume goes ahead."""
+    run = copy_run(four_steps, tmp_path)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"from adahop.train.run_lock import run_lock\nfrom pathlib import Path\n"
+            f"with run_lock(Path({str(run)!r})):\n    print('locked', flush=True)\n    input()",
+        ],
+        env={**os.environ, "PYTHONPATH": str(SRC)},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+        for argv in (as_argv(small_overrides(run)), ["--out", str(run), "--resume", "--steps", "6"]):
+            assert main(argv) == 1
+            line = error_line(capsys.readouterr().err)
+            assert line.startswith(f"adahop train: error: --out {run} is in use by another run (pid {holder.pid} on ")
+            assert line.endswith("wait for it to finish, stop it, or pass another --out DIR")
+            assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+    finally:
+        holder.kill()
+        holder.wait()
+    assert main(["--out", str(run), "--resume", "--steps", "6"]) == 0
+    assert latest_checkpoint(run).name == "step_0000006.pt"

@@ -8,7 +8,8 @@ key is set with ``--section.field=value``. ``--resume`` without ``--config`` sta
 run directory's saved ``config.toml``. Mistakes in arguments exit with status 2 and a message
 listing the valid choices; a failed run (non-finite loss, unusable checkpoint, a write that
 failed) with status 1 and one line saying where it stopped; Ctrl-C with status 130 and the same
-line.
+line. A run holds its run directory's lock (``run_lock``): a second run on the same ``--out``
+refuses with status 1, naming the first one's process and host.
 
 Under ``torchrun --nproc-per-node=N -m adahop train ...`` every rank runs this with the same
 arguments (see ``distributed``): rank 0 reports mistakes in them and logs the run, and when a
@@ -19,6 +20,7 @@ its rank when that is not 0; the others stop without a word.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
 import traceback
@@ -33,6 +35,7 @@ from .checkpoint import CHECKPOINT_DIR, CheckpointError, latest_checkpoint
 from .config import ConfigError, TrainConfig, apply_overrides, flatten, load_config
 from .distributed import ParallelEnv, PeerFailedError, claim_failure, launch_rank, process_group
 from .metrics import METRICS_FILE, PLOT_FILE, TENSORBOARD_DIR
+from .run_lock import RunDirectoryInUseError, run_lock
 from .trainer import CONFIG_FILE, PLAN_FILE, NonFiniteLossError, Trainer, TrainResult
 
 SHORT_FLAGS = {
@@ -161,8 +164,10 @@ def _train(
     the process group, so the failing rank claims its failure before leaving the group."""
     trainer = None
     try:
-        trainer = Trainer(cfg, resume=args.resume, progress=sys.stderr.isatty(), env=env)
-        return trainer.train()
+        # Rank 0 locks the run directory for all ranks; theirs wait for it in the Trainer.
+        with run_lock(cfg.run_dir) if env.is_main and not _missing_resume(args, cfg) else contextlib.nullcontext():
+            trainer = Trainer(cfg, resume=args.resume, progress=sys.stderr.isatty(), env=env)
+            return trainer.train()
     except PeerFailedError:  # another rank reports
         return 1
     except ValueError as e:  # a config, run directory or data source that cannot be used
@@ -173,7 +178,7 @@ def _train(
         if env.distributed:
             claim_failure()  # every rank meets the same refusal; silence the peers of one that did not
         parser.error(str(e))
-    except (CheckpointError, NonFiniteLossError) as e:
+    except (CheckpointError, NonFiniteLossError, RunDirectoryInUseError) as e:
         return _fail(env, str(e))
     except OSError as e:  # disk full, directory removed, file made read-only
         return _fail(env, f"cannot write {e.filename or cfg.run_dir}: {e.strerror or e}; {_where(trainer, cfg)}")
@@ -183,6 +188,12 @@ def _train(
         if not env.distributed:
             raise
         return _fail_unexpected(env, e, trainer, cfg)
+
+
+def _missing_resume(args: argparse.Namespace, cfg: TrainConfig) -> bool:
+    """``--resume`` of a directory that does not exist: the trainer refuses it, and locking it
+    first would leave an empty directory behind."""
+    return args.resume and not cfg.run_dir.exists()
 
 
 def _fail(env: ParallelEnv, message: str, status: int = 1) -> int:
