@@ -7,6 +7,8 @@ freeze and the frozen steps; state_dict, DCP and the optimizer must see plain te
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -28,12 +30,22 @@ RECIPES = {
     "fp8": {"name": "adahop_lv1_fp8_forward", "calibration_steps": 2},
     "sr": {"name": "mxfp4", "backward_rounding": "stochastic"},  # refused: keeps the high-precision gather
     "late": {"name": "mxfp4_hadamard", "bf16_forward_after": 0.5},  # the forward in BF16 from step 3 on
+    "autocast": {"name": "mxfp4_hadamard"},
+    "checkpointed": {"name": "mxfp4_hadamard"},
+    "telemetry": {"name": "mxfp4_hadamard"},
+    "ragged": {"name": "mxfp4_hadamard"},
 }
+# Cases that also run differently (named after how): CPU bf16 autocast (W quantized from its bf16 cast); layer 0
+# under activation checkpointing (backward's re-gather serves the recomputed forward); pattern hooks
+# on step 2 (they read W, so it is gathered whole; one FSDP unit, so W is whole when they run);
+# ragged shapes (48 and 16 rows per rank: not whole MX blocks along out).
+OPTIONS = ("autocast", "checkpointed", "telemetry", "ragged")
 
 
-def make_model(recipe: dict) -> nn.Module:
+def make_model(recipe: dict, ragged: bool = False) -> nn.Module:
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 64))
+    hidden, out = (96, 32) if ragged else (128, 64)
+    model = nn.Sequential(nn.Linear(64, hidden), nn.GELU(), nn.Linear(hidden, out))
     return convert_model(model, recipe)
 
 
@@ -43,16 +55,24 @@ def batch(step: int, rank: int) -> torch.Tensor:
     return x[rank * TOKENS_PER_RANK : (rank + 1) * TOKENS_PER_RANK]
 
 
-def train(rank: int, recipe: dict, low_precision: bool, checkpoint: str) -> dict:
+def train(rank: int, name: str, low_precision: bool, checkpoint: str) -> dict:
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
     from torch.distributed.fsdp import fully_shard
 
+    from adahop.nn import adahop_layers
     from adahop.nn.fsdp import gathered_format, low_precision_all_gather
+    from adahop.train.telemetry import sample_patterns
 
-    model = make_model(recipe)
+    recipe, option = RECIPES[name], name if name in OPTIONS else None
+    model = make_model(recipe, ragged=option == "ragged")
     if low_precision:
         assert low_precision_all_gather(model) == ["0", "2"]
-    for layer in (model[0], model[2]):
-        fully_shard(layer)
+    layers = adahop_layers(model)
+    if option == "checkpointed":
+        model[0] = checkpoint_wrapper(model[0])
+    if option != "telemetry":  # a layer's hooks read W inside its FSDP unit, as the trainer's blocks have it
+        for layer in (model[0], model[2]):
+            fully_shard(layer)
     fully_shard(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     torch.manual_seed(1)  # the stochastic-rounding keys
@@ -61,12 +81,14 @@ def train(rank: int, recipe: dict, low_precision: bool, checkpoint: str) -> dict
     for step in range(STEPS):
         if after is not None and step == int(after * STEPS):  # as the trainer switches
             set_bf16_forward(model)
-        loss = model(batch(step, rank)).mean()
+        observed = sample_patterns(layers) if option == "telemetry" and step == 2 else contextlib.nullcontext()
+        with observed, torch.autocast("cpu", dtype=torch.bfloat16, enabled=option == "autocast"):
+            loss = model(batch(step, rank)).float().mean()
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
         losses.append(loss.detach())
-        formats.append([gathered_format(model[i]) for i in (0, 2)])
+        formats.append([gathered_format(layer) for layer in layers.values()])
     state = model.state_dict()
     out = {
         "losses": torch.stack(losses),
@@ -101,11 +123,11 @@ def run_rank(rank: int, init: str, out: str, checkpoint_dir: str) -> None:
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=WORLD)
     torch.set_num_threads(1)
     results = {}
-    for name, recipe in RECIPES.items():
+    for name in RECIPES:
         checkpoint = f"{checkpoint_dir}/{name}" if name == "iht" else ""
         results[name] = {
-            "bf16": train(rank, recipe, low_precision=False, checkpoint=""),
-            "low": train(rank, recipe, low_precision=True, checkpoint=checkpoint),
+            "bf16": train(rank, name, low_precision=False, checkpoint=""),
+            "low": train(rank, name, low_precision=True, checkpoint=checkpoint),
         }
     torch.save(results, f"{out}.{rank}")
     dist.barrier()
@@ -135,6 +157,9 @@ def test_quantized_gather_is_used_where_the_plan_allows(ranks):
     assert formats["iht"] == [["quantized", "quantized"]] * STEPS
     assert formats["2d"] == [["quantized", "quantized"]] * STEPS
     assert formats["sr"] == [["bf16", "bf16"]] * STEPS  # noise keyed by place in the whole weight
+    assert formats["autocast"] == formats["checkpointed"] == [["quantized", "quantized"]] * STEPS
+    assert formats["telemetry"] == [["quantized", "quantized"]] * 2 + [["bf16", "bf16"]] + [["quantized", "quantized"]]
+    assert formats["ragged"] == [["bf16", "bf16"]] * STEPS
     assert formats["late"] == [["quantized", "quantized"]] * 2 + [["bf16", "bf16"]] * 2  # a BF16 forward reads W whole
     # Calibration (and the step that freezes) gathers W whole. Then layer 0 plans an IHT forward and
     # dgrad; layer 2 an OE-left forward, which needs the whole W, except where the recipe forces a
@@ -153,3 +178,12 @@ def test_state_dict_checkpoint_and_optimizer_hold_plain_tensors(ranks):
         for key, value in low["reloaded"].items():
             assert torch.equal(value, low["weights"][key]), key
         assert torch.equal(low["reloaded_loss"], low["trained_loss"])
+
+
+def test_weights_that_do_not_split_evenly_keep_the_high_precision_gather():
+    from adahop.nn.fsdp import LowPrecisionShard, low_precision_all_gather
+
+    model = make_model({"name": "mxfp4"}, ragged=True)  # out 96 and 32
+    assert low_precision_all_gather(model, world_size=3) == ["0"]
+    assert isinstance(model[0].weight, LowPrecisionShard) and type(model[2].weight) is nn.Parameter
+    assert type(model.state_dict()["0.weight"]) is torch.Tensor
