@@ -153,6 +153,7 @@ DIVERGING = {"recipe": "bf16", "optim__lr": 1e6, "optim__warmup_steps": 0, "logg
 DIVERGING |= {"logging__val_every": 4, "checkpoint__interval": 4}
 TELEMETRY = {"training__pattern_telemetry_every": 2}  # the resumed run samples patterns, the straight one not
 NEAREST = ONE_BLOCK | {"recipe": "mxfp4_hadamard", "recipe__grad_rounding": "nearest", "training__steps": 4}
+BF16_GATHER = {"training__fsdp_low_precision_all_gather": "false"}
 
 
 @pytest.fixture(scope="module")
@@ -181,8 +182,20 @@ def runs(small_overrides, tmp_path_factory):
         # The whole config in the arguments: rank 1 must not read the run before rank 0 copied it.
         resume = [*as_argv(small_overrides(root / name, **ONE_BLOCK)), "--resume"]
         jobs.append({"argv": resume, "damage": (str(root / "straight"), str(root / name), checksums)})
+    # "nearest" with FSDP2's own BF16 gather (training.fsdp_low_precision_all_gather off).
+    jobs.append({"argv": as_argv(small_overrides(root / "bf16_gather", **NEAREST, **BF16_GATHER))})
     jobs.append({"argv": as_argv(small_overrides(root / "failing", **ONE_BLOCK)), "fail_at": 3})  # last: see above
     return root, spawn(jobs, root / "logs")
+
+
+def test_low_precision_all_gather_trains_bit_identically_to_the_bf16_gather(runs):
+    """ "nearest" gathers the weights whose ranks hold whole MX blocks along out (32 rows or more
+    each: all but wk and wv) as their MXFP4 operands (adahop.nn.fsdp, on by default); the same
+    run with FSDP2's own gather takes the very same steps."""
+    root, results = runs
+    assert [status for status, _ in results[-2]] == [0, 0], results[-2]
+    assert load_config(root / "nearest" / "config.toml").training.fsdp_low_precision_all_gather
+    assert losses(root / "nearest") == losses(root / "bf16_gather")
 
 
 def rank_states(checkpoint: Path) -> list[dict]:
