@@ -110,6 +110,23 @@ def test_resume_applies_and_logs_a_changed_lr_and_length(four_steps, small_overr
     step5 = next(r for r in read_metrics(run) if r["kind"] == "train" and r["step"] == 5)
     assert step5["lr"] == pytest.approx(expected_lr)
     assert load_config(run / "config.toml").optim.lr == 0.01  # recorded because it is in force
+    # ... and metrics.jsonl says from when: config.toml alone would misdescribe steps 1-4.
+    (resume,) = [r for r in read_metrics(run) if r["kind"] == "resume"]
+    assert resume["step"] == 4 and "optim.lr 0.002 -> 0.01" in resume["changes"]
+
+
+def test_every_config_field_is_either_applied_or_refused_on_resume():
+    """A new config field needs a decision: a resumed run that silently kept the checkpoint's
+    value would misdescribe itself in config.toml."""
+    from adahop.train.checkpoint import APPLIED_KEYS, APPLIED_SECTIONS, MATCHING_KEYS, MATCHING_SECTIONS
+    from adahop.train.config import TrainConfig, flatten
+
+    decided = {
+        k for k, _ in flatten(TrainConfig().to_dict()) if k.split(".")[0] in MATCHING_SECTIONS + APPLIED_SECTIONS
+    }
+    decided |= {f"{section}.{key}" for section, key in MATCHING_KEYS.keys() | APPLIED_KEYS}
+    assert {k for k, _ in flatten(TrainConfig().to_dict())} - decided == {"out"}  # a run directory may move
+    assert not {f"{s}.{k}" for s, k in MATCHING_KEYS} & {f"{s}.{k}" for s, k in APPLIED_KEYS}
 
 
 @pytest.mark.parametrize(
@@ -135,6 +152,12 @@ def test_resume_applies_and_logs_a_changed_lr_and_length(four_steps, small_overr
             {"training__steps": 6, "training__grad_accum": 2},
             CheckpointError,
             r"training\.grad_accum=1, which a resumed run",
+        ),
+        (
+            {"training__steps": 6, "training__rounding_seed_offset": 1},
+            CheckpointError,
+            r"training\.rounding_seed_offset=0, which a resumed run cannot change \(the rounding noise, carried on by"
+            r" the checkpoint's generators; config: 1\); resume with it, or start a new run with another --out$",
         ),
     ],
 )

@@ -49,17 +49,46 @@ from .checkpoint_files import (
     write_failure,
     write_file_checksum,
 )
+from .config import TrainConfig
 from .rng import rng_state
 from .sharded_checkpoint import load_sharded, read_sharded
 
 log = logging.getLogger(__name__)
+_DEFAULTS = TrainConfig().to_dict()
 
 CHECKPOINT_FORMAT = 1
 _ZIP_MAGIC = b"PK\x03\x04"  # torch.save writes a zip archive
 REQUIRED_KEYS = ("format", "step", "model", "optimizer", "scheduler", "data", "rng", "config")
-MATCHING_SECTIONS = ("model", "recipe", "data")  # a resumed run must not change these,
-MATCHING_KEYS = (("training", "seed"), ("training", "grad_accum"))  # nor these (the data order and
-# the tokens per step); any other config change is applied
+# What a resumed run does with each config field (a test checks every field is named here, so a
+# new field needs a decision): the sections and keys it refuses to change, each with what the
+# checkpoint fixed for good, and the ones it applies from the next step on (logged, and recorded
+# as a "resume" record in metrics.jsonl, so the run directory says which value ran when).
+MATCHING_SECTIONS = ("model", "recipe", "data")
+MATCHING_KEYS = {
+    ("training", "seed"): "the data order",
+    ("training", "grad_accum"): "the tokens per step",
+    # The generators that draw the rounding keys were seeded with it at step 0 and resume from the
+    # checkpoint's state: a new offset would not take effect, and reseeding would make the config
+    # misdescribe the steps before the resume.
+    ("training", "rounding_seed_offset"): "the rounding noise, carried on by the checkpoint's generators",
+}
+APPLIED_SECTIONS = ("optim", "checkpoint", "logging")
+APPLIED_KEYS = {
+    ("training", name)
+    for name in (
+        "steps",  # the schedule is rebuilt for the new length
+        "device",
+        "autocast",
+        "compile",
+        "compile_backend",
+        "cuda_graph",
+        "distributed",
+        "fsdp_low_precision_all_gather",
+        "deterministic",
+        "pattern_telemetry_every",
+        "recompute_pattern_steps",
+    )
+}
 
 
 # ---- writing --------------------------------------------------------------------------------
@@ -186,11 +215,12 @@ def check_matches(path: Path, saved: dict[str, Any], current: dict[str, Any]) ->
                 f"{k}: checkpoint {saved[section].get(k)!r} vs config {current[section].get(k)!r}" for k in diff
             )
             raise CheckpointError(f"{path}: written for a different {section} ({details})")
-    for section, key in MATCHING_KEYS:
-        if saved[section][key] != current[section][key]:
+    for (section, key), fixed in MATCHING_KEYS.items():
+        written = saved[section].get(key, _DEFAULTS[section][key])  # a field the checkpoint predates: its default
+        if written != current[section][key]:
             raise CheckpointError(
-                f"{path}: written with {section}.{key}={saved[section][key]!r}, "
-                f"which a resumed run cannot change (config: {current[section][key]!r})"
+                f"{path}: written with {section}.{key}={written!r}, which a resumed run cannot change "
+                f"({fixed}; config: {current[section][key]!r}); resume with it, or start a new run with another --out"
             )
 
 

@@ -73,11 +73,19 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
         return [json.loads(line) for line in f if line.strip() and line.endswith("\n")]
 
 
+RESUME_KIND = "resume"  # a resumed run's config changes, at the step they apply after
+
+
+def _kept(record: dict[str, Any], resume_step: int) -> bool:
+    return record["step"] < resume_step or (record["step"] == resume_step and record["kind"] != RESUME_KIND)
+
+
 class MetricsLogger:
     """Appends records to ``metrics.jsonl`` and mirrors their numbers to TensorBoard.
 
     A run resumed from step ``resume_step`` first drops the records logged after that step
-    (work the crash threw away), so the file and the event logs read as one uninterrupted run.
+    (work the crash threw away), and a ``resume`` record of an earlier resume from that same step,
+    so the file and the event logs read as one uninterrupted run with its config changes.
     """
 
     def __init__(self, run_dir: str | Path, resume_step: int = 0) -> None:
@@ -85,7 +93,7 @@ class MetricsLogger:
 
         self.path = Path(run_dir) / METRICS_FILE
         resuming = resume_step > 0 and self.path.exists()
-        kept = [r for r in read_metrics(self.path) if r["step"] <= resume_step] if resuming else []
+        kept = [r for r in read_metrics(self.path) if _kept(r, resume_step)] if resuming else []
         write_atomic(self.path, "".join(json.dumps(r) + "\n" for r in kept))
         self._file = open(self.path, "a")
         self._tb = SummaryWriter(Path(run_dir) / TENSORBOARD_DIR, purge_step=resume_step + 1 if resume_step else None)

@@ -67,7 +67,7 @@ from .distributed import (
     shard_model,
 )
 from .graphs import GraphedMicroStep
-from .metrics import METRICS_FILE, PLOT_FILE, MetricsLogger, PeakMemory, plot_losses, read_metrics
+from .metrics import METRICS_FILE, PLOT_FILE, RESUME_KIND, MetricsLogger, PeakMemory, plot_losses, read_metrics
 from .nonfinite import PendingSteps, StepFigures, step_unless_non_finite
 from .optim import apply_hyperparameters, build_lr_scheduler, build_optimizer
 from .rng import set_rng_state
@@ -121,6 +121,7 @@ class Trainer:
         self.env = env or ParallelEnv(resolve_device(cfg.training.device))
         self.cfg, self.run_dir, self.progress = cfg, cfg.run_dir, progress and self.env.is_main
         self.device = self.env.device
+        self._config_changes: list[str] = []  # a resume's applied changes, until recorded in metrics.jsonl
         # Rank 0 first: it renames unreadable checkpoints aside and fills the tokenizer cache.
         with main_rank_first(self.env):
             checkpoint = self._check_run_dir(resume)  # before the slow setup: every refusal comes first
@@ -225,9 +226,11 @@ class Trainer:
             raise ConfigError(
                 f"--steps {steps} is before the checkpoint's step {step} ({path}); resume with --steps N for some N > {step}"
             )
-        changes = config_changes(saved, current)
-        if changes:
-            log.info("resuming with a changed config (applied from step %d): %s", step + 1, ", ".join(changes))
+        self._config_changes = config_changes(saved, current)
+        if self._config_changes:
+            log.info(
+                "resuming with a changed config (applied from step %d): %s", step + 1, ", ".join(self._config_changes)
+            )
 
     def _resume_from(self, path: Path, state: dict) -> None:
         if path.is_dir():
@@ -503,6 +506,9 @@ class Trainer:
         records = MetricsLogger(self.run_dir, self.step) if self.env.is_main else contextlib.nullcontext()
         try:
             with records as metrics:
+                if metrics is not None and self._config_changes:  # the config.toml it rewrote holds the new values
+                    metrics.log(RESUME_KIND, self.step, changes=self._config_changes)
+                    self._config_changes = []
                 while self.step < steps:
                     lr = self.scheduler.get_last_lr()[0]
                     try:
