@@ -187,3 +187,28 @@ def test_weights_that_do_not_split_evenly_keep_the_high_precision_gather():
     assert low_precision_all_gather(model, world_size=3) == ["0"]
     assert isinstance(model[0].weight, LowPrecisionShard) and type(model[2].weight) is nn.Parameter
     assert type(model.state_dict()["0.weight"]) is torch.Tensor
+
+
+def test_a_weight_gathered_quantized_is_read_only_by_the_gemms_it_was_made_for():
+    from adahop.formats import quantize_mx
+    from adahop.gemm.operand import GemmOperand
+    from adahop.nn.gathered import GatheredWeight, WeightOperands, gathered_operands
+    from adahop.policy.strategies import LayerPlan
+
+    w = torch.randn(64, 32)
+    forward = GemmOperand(quantized=quantize_mx(w, axis=1))
+    dgrad = GemmOperand(quantized=quantize_mx(w, axis=0))
+    plan = LayerPlan.uniform("mxfp4")
+    weight = GatheredWeight(WeightOperands(forward, dgrad, plan, torch.bfloat16), w.shape, torch.float32)
+    assert gathered_operands(w, plan) is None  # a plain weight: the layer quantizes it itself
+    with pytest.raises(RuntimeError, match="gathered quantized for plan"):
+        gathered_operands(weight, plan)  # float32 now, quantized from bfloat16: autocast must cast first
+    cast = weight.to(torch.bfloat16)  # the forward's autocast cast costs nothing
+    assert type(cast) is GatheredWeight and cast.dtype == torch.bfloat16
+    assert gathered_operands(cast, plan) == (forward, dgrad)
+    with pytest.raises(RuntimeError, match="now runs"):
+        gathered_operands(cast, LayerPlan.uniform("iht"))
+    assert type(weight.detach()) is GatheredWeight
+    for use in (lambda t: t + 1, lambda t: t.to(torch.float16), lambda t: t.sum()):
+        with pytest.raises(RuntimeError, match="only AdaHOPLinear's GEMMs read it"):
+            use(weight)

@@ -56,7 +56,7 @@ class GatheredWeight(torch.Tensor):
         if func is torch.ops.aten._to_copy.default and kwargs.get("dtype") == weight.operands.source_dtype:
             # The forward's autocast cast: the operands were quantized from W in this dtype already.
             return GatheredWeight(weight.operands, weight.shape, weight.operands.source_dtype)
-        raise TypeError(
+        raise RuntimeError(  # not TypeError: Python turns that into "unsupported operand" for t + 1
             f"{func} on a weight that FSDP2 gathered as quantized GEMM operands "
             f"(quantized from {weight.operands.source_dtype}); only AdaHOPLinear's GEMMs read it. "
             "Turn the low-precision all-gather off for this model (adahop.nn.fsdp, docs/distributed.md)"
