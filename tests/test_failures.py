@@ -61,6 +61,11 @@ def four_steps(small_overrides, tmp_path_factory):
     return run
 
 
+def run_files(run: Path) -> dict[Path, bytes]:
+    """Every file of a run directory with its bytes, but the lock's (it names the last run)."""
+    return {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != ".lock"}
+
+
 def copy_run(run: Path, tmp_path: Path) -> Path:
     copy = tmp_path / "copy"
     shutil.copytree(run, copy)
@@ -418,15 +423,50 @@ def test_a_second_run_on_a_busy_out_refuses_in_one_line_and_a_dead_runs_lock_doe
     )
     try:
         assert holder.stdout.readline() == "locked\n"
-        before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+        before = run_files(run)
         for argv in (as_argv(small_overrides(run)), ["--out", str(run), "--resume", "--steps", "6"]):
             assert main(argv) == 1
             line = error_line(capsys.readouterr().err)
             assert line.startswith(f"adahop train: error: --out {run} is in use by another run (pid {holder.pid} on ")
             assert line.endswith("wait for it to finish, stop it, or pass another --out DIR")
-            assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+            assert run_files(run) == before
     finally:
         holder.kill()
         holder.wait()
     assert main(["--out", str(run), "--resume", "--steps", "6"]) == 0
     assert latest_checkpoint(run).name == "step_0000006.pt"
+
+
+# ---- 7. the data changed under a resumed run -------------------------------------------------
+def test_resume_refuses_changed_data_unless_accepted_and_a_touched_source_is_not_a_change(
+    corpus, small_overrides, tmp_path, capsys
+):
+    source, run = tmp_path / "corpus.txt", tmp_path / "run"
+    source.write_text(corpus.read_text())
+    argv = as_argv(small_overrides(run, training__steps=2, data__source=source))
+    assert main(argv) == 0
+    written = torch.load(latest_checkpoint(run), weights_only=True)["data_fingerprint"]
+    tokens = written["tokens"]
+    assert written["source"] == str(source) and len(written["sha256"]) == 64
+    capsys.readouterr()
+    resume = ["--out", str(run), "--resume", "--steps"]
+    os.utime(source, ns=(1, 1))  # touched, not changed: re-tokenized into the same tokens
+    assert main([*resume, "3"]) == 0
+    source.write_text(corpus.read_text().replace("json", "JSON"))  # edited
+    before = run_files(run)
+    with pytest.raises(SystemExit) as refused:
+        main([*resume, "4"])
+    assert refused.value.code == 2
+    line = error_line(capsys.readouterr().err)
+    assert (
+        f"the data changed since {run / 'checkpoints' / 'step_0000003.pt'} was written: it trained on {source}: "
+        in line
+    )
+    assert f"{tokens:,} tokens, sha256 {written['sha256'][:12]}, the data is now {source}: " in line
+    assert line.endswith("restore that data, or resume with --accept-changed-data to go on with this data knowingly")
+    assert run_files(run) == before  # nothing recorded
+    assert main([*resume, "4", "--accept-changed-data"]) == 0
+    (record,) = [r for r in read_metrics(run) if r["kind"] == "resume" and r["step"] == 3]
+    assert any(change.startswith(f"data ({source}: ") for change in record["changes"])
+    now = torch.load(latest_checkpoint(run), weights_only=True)["data_fingerprint"]
+    assert now["sha256"] != written["sha256"]  # the next resume compares with the new data

@@ -54,6 +54,9 @@ class BatchLoader:
         self._rows = slice(rank * share, (rank + 1) * share)  # this rank's rows of a batch
         self.epoch, self.position = 0, 0  # the next batch starts at order[position]
         self._order = self._epoch_order(0)
+        # A resume that accepted changed data (``--accept-changed-data``): a position saved for
+        # another token count goes on at the same epoch and position in this data's order.
+        self.accepts_other_tokens = False
 
     def _epoch_order(self, epoch: int) -> np.ndarray:
         return np.random.default_rng([self.seed, epoch]).permutation(num_windows(self.tokens, self.seq_len))
@@ -81,7 +84,7 @@ class BatchLoader:
     def load_state_dict(self, state: dict[str, int]) -> None:
         saved = (state["seed"], state["seq_len"], state["num_tokens"])
         current = (self.seed, self.seq_len, len(self.tokens))
-        if saved != current:
+        if saved != current and not (self.accepts_other_tokens and saved[:2] == current[:2]):
             raise ValueError(
                 f"data position was saved for (seed, seq_len, num_tokens) = {saved}, "
                 f"but this loader has {current}: the data or its settings changed"

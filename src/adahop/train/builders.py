@@ -11,6 +11,7 @@ or, in one call, ``model, cfg, state = load_run(run_dir_or_checkpoint)``.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -105,6 +106,25 @@ class TrainData:
     train: BatchLoader  # endless, resumable (``state_dict``)
     val: ValidationSet
     source: str  # human-readable name of the data source
+
+
+_HASH_CHUNK = 1 << 24  # tokens per hashed slice: a memory-mapped corpus is read once, in pieces
+
+
+def data_fingerprint(data: TrainData) -> dict[str, Any]:
+    """What the run trains on, by content: the source's name, its token count and a SHA-256 of
+    its token ids (training, then validation) and of the tokenizer, so a source that was edited,
+    replaced or tokenized otherwise shows, while one only touched or moved does not. Reads the
+    tokens once (about 1 s per 2 GB)."""
+    digest = hashlib.sha256(data.tokenizer.fingerprint().encode())
+    for tokens in (data.train.tokens, data.val.tokens):
+        for start in range(0, len(tokens), _HASH_CHUNK):
+            digest.update(np.ascontiguousarray(tokens[start : start + _HASH_CHUNK]).data)
+    return {
+        "source": data.source,
+        "tokens": len(data.train.tokens) + len(data.val.tokens),
+        "sha256": digest.hexdigest(),
+    }
 
 
 def build_data(cfg: TrainConfig, progress: bool = True, *, rank: int = 0, world_size: int = 1) -> TrainData:

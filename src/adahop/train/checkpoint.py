@@ -11,6 +11,7 @@ A checkpoint is one ``torch.save`` file, ``<run_dir>/checkpoints/step_XXXXXXX.pt
 | `data`      | the training loader's position                                            |
 | `rng`       | torch CPU/CUDA (stochastic-rounding seeds come from these), Python and NumPy generator states |
 | `config`    | the run's resolved `TrainConfig.to_dict()`                                |
+| `data_fingerprint` | what it trains on: source, token count, SHA-256 of the tokens (`builders.data_fingerprint`) |
 
 It is written to a temporary file in the same directory, flushed to disk and then renamed over
 the final name, so a crash mid-write leaves the previous checkpoints as they were; its SHA-256,
@@ -99,6 +100,7 @@ def training_state(
     scheduler: Any,
     loader: Any,
     config: dict[str, Any],
+    data_fingerprint: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The checkpoint of a run after ``step`` optimizer steps (see the module docstring)."""
     return {
@@ -110,6 +112,7 @@ def training_state(
         "data": loader.state_dict(),
         "rng": rng_state(),
         "config": config,
+        "data_fingerprint": data_fingerprint,
     }
 
 

@@ -91,6 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--out", metavar="DIR", help="run directory (default runs/<model>-<recipe>)")
     parser.add_argument("--resume", action="store_true", help="continue from the run directory's latest checkpoint")
+    parser.add_argument(
+        "--accept-changed-data",
+        action="store_true",
+        help="with --resume: go on although the data differs from what the checkpoint trained on",
+    )
     return parser
 
 
@@ -166,7 +171,13 @@ def _train(
     try:
         # Rank 0 locks the run directory for all ranks; theirs wait for it in the Trainer.
         with run_lock(cfg.run_dir) if env.is_main and not _missing_resume(args, cfg) else contextlib.nullcontext():
-            trainer = Trainer(cfg, resume=args.resume, progress=sys.stderr.isatty(), env=env)
+            trainer = Trainer(
+                cfg,
+                resume=args.resume,
+                progress=sys.stderr.isatty(),
+                env=env,
+                accept_changed_data=args.accept_changed_data,
+            )
             return trainer.train()
     except PeerFailedError:  # another rank reports
         return 1

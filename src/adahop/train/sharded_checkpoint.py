@@ -7,7 +7,7 @@ writes its shards into. It holds what a single-process checkpoint holds:
 |-------------|-------------------------------------------------------------------------------|
 | `model`     | the parameters, sharded (DCP reshards them for any number of ranks on load)  |
 | `optimizer` | AdamW's state by parameter name, sharded alike                                |
-| `train`     | `format`, `step`, `scheduler`, `config` and the `world_size` that wrote it    |
+| `train`     | `format`, `step`, `scheduler`, `config`, `data_fingerprint` and the `world_size` that wrote it |
 | `ranks.R`   | rank R's data position, random generators and each AdaHOP layer's plan and calibration votes (votes are per rank until the plan freezes) |
 
 Atomic: the ranks write into ``.step_XXXXXXX.tmp``, which rank 0 renames to its final name once
@@ -115,6 +115,7 @@ def save_sharded(
     scheduler: Any,
     loader: Any,
     config: dict[str, Any],
+    data_fingerprint: dict[str, Any] | None = None,
 ) -> Path:
     """Write the checkpoint of a distributed run after ``step`` steps; a collective (every rank
     calls it). A failed write on any rank raises on every rank: an ``OSError`` naming ``path``
@@ -127,6 +128,7 @@ def save_sharded(
         "step": step,
         "scheduler": scheduler.state_dict(),
         "config": config,
+        "data_fingerprint": data_fingerprint,  # rank 0's: it alone reads the data's fingerprint
         "world_size": world_size,
     }
     state = {

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from tqdm import tqdm
 
@@ -46,7 +47,7 @@ from ..models import num_params
 from ..nn import OsciReset, adahop_layers, model_plan, set_bf16_forward
 from ..policy import NonFiniteTensorError
 from ..policy.calibration import paused_votes
-from .builders import autocast_for, build_data, build_model_from_config, mean_loss, resolve_device
+from .builders import autocast_for, build_data, build_model_from_config, data_fingerprint, mean_loss, resolve_device
 from .checkpoint import (
     check_matches,
     config_changes,
@@ -115,7 +116,13 @@ class Trainer:
     ``env`` (from ``distributed.process_group``) makes it one rank of a data-parallel run."""
 
     def __init__(
-        self, cfg: TrainConfig, *, resume: bool = False, progress: bool = True, env: ParallelEnv | None = None
+        self,
+        cfg: TrainConfig,
+        *,
+        resume: bool = False,
+        progress: bool = True,
+        env: ParallelEnv | None = None,
+        accept_changed_data: bool = False,
     ) -> None:
         cfg.validate()
         self.env = env or ParallelEnv(resolve_device(cfg.training.device))
@@ -131,6 +138,15 @@ class Trainer:
             if cfg.training.deterministic:
                 use_deterministic_kernels()
             self.data = build_data(cfg, self.progress, rank=self.env.rank, world_size=self.env.world_size)
+            self.data.train.accepts_other_tokens = accept_changed_data
+            # Rank 0 fingerprints the data and compares it with the checkpoint's (the others get it below).
+            self.data_fingerprint = data_fingerprint(self.data) if self.env.is_main else None
+            if checkpoint is not None and self.env.is_main:
+                self._check_data(checkpoint[0], checkpoint[1].get("data_fingerprint"), accept_changed_data)
+        if self.env.distributed:
+            shared = [self.data_fingerprint]
+            dist.broadcast_object_list(shared, src=0)
+            self.data_fingerprint = shared[0]
         self.model = build_model_from_config(cfg, self.device)
         if self.env.distributed:
             low_precision = cfg.training.fsdp_low_precision_all_gather
@@ -232,6 +248,26 @@ class Trainer:
                 "resuming with a changed config (applied from step %d): %s", step + 1, ", ".join(self._config_changes)
             )
 
+    def _check_data(self, path: Path, saved: dict | None, accept: bool) -> None:
+        """Refuse to resume on data other than the checkpoint's (a checkpoint that predates
+        fingerprints passes), unless ``accept``: then the change is logged and recorded."""
+        current = self.data_fingerprint
+        if saved is None or saved == current:
+            return
+
+        def described(fingerprint: dict) -> str:
+            return f"{fingerprint['source']}: {fingerprint['tokens']:,} tokens, sha256 {fingerprint['sha256'][:12]}"
+
+        change = f"data ({described(saved)}) -> ({described(current)})"
+        if not accept:
+            raise ConfigError(
+                f"the data changed since {path} was written: it trained on {described(saved)}, "
+                f"the data is now {described(current)}; restore that data, or resume with "
+                "--accept-changed-data to go on with this data knowingly"
+            )
+        log.warning("warning: resuming on changed data (--accept-changed-data): %s", change)
+        self._config_changes.append(change)
+
     def _resume_from(self, path: Path, state: dict) -> None:
         if path.is_dir():
             restore_rng(load_sharded(path, state, self.model, self.optimizer, self.data.train), state)
@@ -256,10 +292,17 @@ class Trainer:
                 scheduler=self.scheduler,
                 loader=self.data.train,
                 config=self.cfg.to_dict(),
+                data_fingerprint=self.data_fingerprint,
             )
         else:
             state = training_state(
-                self.step, self.model, self.optimizer, self.scheduler, self.data.train, self.cfg.to_dict()
+                self.step,
+                self.model,
+                self.optimizer,
+                self.scheduler,
+                self.data.train,
+                self.cfg.to_dict(),
+                self.data_fingerprint,
             )
             path = save_checkpoint(checkpoint_path(self.run_dir, self.step), state)
         if self.env.is_main:
