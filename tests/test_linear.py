@@ -11,7 +11,7 @@ from adahop.gemm import QuantSpec, prepare_operand, tn_matmul
 from adahop.nn import AdaHOPLinear, convert_model, load_plan, model_plan
 from adahop.bench.common import saved_activation_bytes
 from adahop.nn.linear import draw_rounding_seeds
-from adahop.policy.strategies import LayerPlan
+from adahop.policy.strategies import LayerPlan, plan_for_patterns
 from adahop.transforms import hadamard_transform
 
 STRATEGIES = ["bf16", "mxfp4", "iht", "oe_left", "oe_right"]
@@ -238,7 +238,8 @@ def test_saved_activation_memory_is_about_4x_below_bf16():
 
 
 def test_state_dict_round_trip_keeps_the_plan():
-    layer = layer_with_plan(LayerPlan("oe_left", "oe_right", "iht", {"x": "row", "w": "none", "g": "col"}))
+    layer = layer_with_plan(plan_for_patterns("row", "none", "row", "lv2"))
+    assert layer.plan.strategies() == {"forward": "oe_left", "dgrad": "oe_left", "wgrad": "iht"}
     layer(torch.randn(8, 64)).sum().backward()
     sd = layer.state_dict()
     assert set(sd) == {"weight", "bias", "_extra_state"}

@@ -137,9 +137,13 @@ def test_unsupported_2d_weight_combinations_are_one_line_errors():
         Recipe(weight_blocks="3d")
     with pytest.raises(ValueError, match=r"backward_rounding='sr' is not one of"):
         Recipe(backward_rounding="sr")
-    # A plan that rotates W, loaded into a 2-D layer, fails on its first forward.
+    # A plan that rotates W is not what a fixed mxfp4 recipe runs: refused on load; set by hand, the
+    # 2-D layer fails on its first forward.
     layer = AdaHOPLinear(64, 64, recipe={"name": "mxfp4", "weight_blocks": "2d"})
-    load_plan(layer, ModelPlan({"": LayerPlan(Strategy.IHT, Strategy.MXFP4, Strategy.IHT)}))
+    rotating = LayerPlan(Strategy.IHT, Strategy.MXFP4, Strategy.IHT)
+    with pytest.raises(ValueError, match="plan entry '': its plan .* is not what recipe 'mxfp4' runs"):
+        load_plan(layer, ModelPlan({"": rotating}))
+    layer.set_plan(rotating)
     with pytest.raises(
         ValueError, match="2-D weight blocks need MXFP4 or BF16 forward and dgrad GEMMs, got iht and mxfp4"
     ):

@@ -5,7 +5,7 @@ import torch
 
 from adahop import AdaHOPLinear
 from adahop.nn.state import STATE_SIZE, STRATEGY_CODES, decode_state
-from adahop.policy.strategies import LayerPlan, Strategy
+from adahop.policy.strategies import Strategy, plan_for_patterns
 
 
 def calibrated_layer() -> AdaHOPLinear:
@@ -36,7 +36,7 @@ def test_extra_state_is_one_fixed_shape_tensor_updated_in_place():
 
 
 def test_legacy_dict_state_still_loads():
-    plan = LayerPlan("oe_left", "oe_right", "iht", {"x": "row", "w": "none", "g": "col"})
+    plan = plan_for_patterns("row", "none", "col", "lv2")
     votes = {
         "counts": {"x": {"row": 3}, "w": {"none": 3}, "g": {"col": 3}},
         "last_seen": {"x": {"row": 3}, "w": {"none": 3}, "g": {"col": 3}},

@@ -115,6 +115,8 @@ def convert_model(
             "convert the unconverted model instead"
         )
     warn_kept(kept)
+    if not any(isinstance(m, nn.Linear) for _, m in candidates):
+        warnings.warn(f"convert_model converted nothing: {type(model).__name__} has no nn.Linear", stacklevel=2)
     check_patterns(recipe, [name for name, _ in converted + targets])
     for layer_id, (name, linear) in enumerate(targets, start=len(converted)):
         layer = AdaHOPLinear.from_linear(linear, recipe, layer_id, recipe.bf16_gemms_for(name))
@@ -157,13 +159,33 @@ def model_plan(model: nn.Module) -> ModelPlan:
     return ModelPlan({name: m.plan for name, m in adahop_layers(model).items() if m.plan is not None})
 
 
-def load_plan(model: nn.Module, plan: ModelPlan | str | Path) -> None:
-    """Freeze layers from a plan (or its JSON file); every converted layer must be covered."""
+def load_plan(model: nn.Module, plan: ModelPlan | str | Path, *, strict: bool = True) -> None:
+    """Freeze layers from a plan (or its JSON file). Every converted layer must be covered, and
+    (``strict``) every entry of the plan must name one: a plan of another model is an error, not a
+    partial match (``strict=False`` for one part of a model, such as a pipeline stage). Each entry must
+    be one the layer's recipe runs (``AdaHOPLinear.check_plan``)."""
     if not isinstance(plan, ModelPlan):
         plan = ModelPlan.load(plan)
     layers = adahop_layers(model)
     missing = sorted(set(layers) - set(plan))
     if missing:
-        raise ValueError(f"plan has no entry for layers {missing[:5]}{'...' if len(missing) > 5 else ''}")
+        raise ValueError(
+            f"plan has no entry for layers {_some(missing)}; the model's look like {_some(sorted(layers))}"
+        )
+    extra = sorted(set(plan) - set(layers))
+    if strict and extra:
+        raise ValueError(
+            f"plan has entries for layers this model does not convert: {_some(extra)} "
+            "(load_plan(..., strict=False) to load part of a plan)"
+        )
+    for name, layer in layers.items():
+        try:
+            layer.check_plan(plan[name])
+        except ValueError as e:
+            raise ValueError(f"plan entry {name!r}: {e}") from None
     for name, layer in layers.items():
         layer.set_plan(plan[name])
+
+
+def _some(names: list[str]) -> str:
+    return f"{names[:5]}{'...' if len(names) > 5 else ''}"

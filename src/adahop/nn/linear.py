@@ -37,7 +37,7 @@ from ..gemm.matmul import tn_matmul
 from ..formats import QuantSpec
 from ..gemm.operand import GemmOperand, prepare_operand, prepare_weight_tiles
 from ..policy.calibration import PatternVotes, attach_pattern_hooks, votes_paused
-from ..policy.strategies import GEMMS, ROLES, LayerPlan, Strategy
+from ..policy.strategies import GEMMS, ROLES, LayerPlan, Strategy, plan_for_patterns
 from ..recipes import DEFAULT_RECIPE, Recipe, get_recipe
 from ..transforms import random_signs
 from .gathered import gathered_operands
@@ -142,7 +142,7 @@ class AdaHOPLinear(nn.Linear):
         bf16_gemms: tuple[str, ...] | None = None,
     ) -> None:
         super().__init__(in_features, out_features, bias, device, dtype)
-        self.recipe = get_recipe(recipe)
+        self._recipe = get_recipe(recipe)
         self.layer_id = layer_id
         # GEMMs kept in BF16 whatever the plan says (ablation); default: the recipe's for a layer
         # without a module name (convert_model passes those of the layer's name).
@@ -196,6 +196,17 @@ class AdaHOPLinear(nn.Linear):
         r = self.recipe
         return random_signs(r.hadamard_block_size, r.hadamard_seed, device) if r.hadamard_signs else None
 
+    @property
+    def recipe(self) -> Recipe:
+        return self._recipe
+
+    @recipe.setter
+    def recipe(self, value: object) -> None:
+        raise AttributeError(
+            "AdaHOPLinear.recipe is fixed when the layer is built (its hooks, specs and plan follow it); "
+            "convert an unconverted model with the new recipe instead"
+        )
+
     # ---- plan ---------------------------------------------------------------------------
     @property
     def calibrating(self) -> bool:
@@ -205,6 +216,30 @@ class AdaHOPLinear(nn.Linear):
     def running_plan(self) -> LayerPlan | None:
         """The plan the next forward runs: ``plan``, with its forward GEMM in BF16 while ``bf16_forward`` is on."""
         return self._plan_bf16_forward if self.bf16_forward and self.plan is not None else self.plan
+
+    def check_plan(self, plan: LayerPlan) -> None:
+        """Refuse a plan from elsewhere (a state_dict, ``load_plan``) that this layer's recipe would not
+        run: a fixed recipe runs its one strategy, an adaptive one what its table picks from the plan's
+        patterns (a plan without patterns, made by hand, is taken as it is). Such a plan was frozen under
+        another recipe and would silently replace this one. ``set_plan`` itself takes any plan."""
+        r = self.recipe
+        if r.adaptive and plan.patterns is None:
+            return
+        if r.adaptive:
+            want = plan_for_patterns(*(plan.patterns[role] for role in ROLES), r.table)
+        else:
+            want = LayerPlan.uniform(r.strategy)
+        want = self._with_forward_strategy(want)
+        got, want = plan.with_bf16(self.bf16_gemms).strategies(), want.with_bf16(self.bf16_gemms).strategies()
+        if got != want:
+
+            def show(strategies: dict[str, Strategy]) -> str:
+                return ", ".join(f"{gemm}={s.value}" for gemm, s in strategies.items())
+
+            raise ValueError(
+                f"its plan ({show(got)}) is not what recipe {r.name!r} runs ({show(want)}): it was frozen under "
+                "another recipe; build the model with that recipe"
+            )
 
     def set_plan(self, plan: LayerPlan) -> None:
         """Freeze the (forward, dgrad, wgrad) strategies, ``bf16_gemms`` in BF16; ends calibration."""
@@ -319,6 +354,8 @@ class AdaHOPLinear(nn.Linear):
 
     def set_extra_state(self, state: torch.Tensor | dict[str, Any]) -> None:
         plan, votes = decode_state(state)
+        if plan is not None:
+            self.check_plan(plan)
         self.votes.load_state_dict(votes)
         if plan is not None:
             self.set_plan(plan)
@@ -326,7 +363,10 @@ class AdaHOPLinear(nn.Linear):
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
         # A plain nn.Linear checkpoint has no plan: load it and keep calibrating.
         missing_before = args[2] if len(args) > 2 else kwargs.get("missing_keys")
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        try:
+            super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        except ValueError as e:  # from set_extra_state: say which layer
+            raise ValueError(f"{prefix + '_extra_state'}: {e}") from None
         key = prefix + "_extra_state"
         if key not in state_dict and missing_before is not None and key in missing_before:
             missing_before.remove(key)
