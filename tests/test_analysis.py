@@ -31,15 +31,15 @@ def runs(small_overrides, tmp_path_factory):
 
 
 def test_compare_writes_plot_and_table_with_gap_to_bf16(runs, tmp_path, capsys):
-    stem = tmp_path / "cmp"
-    assert adahop_main(["compare", str(runs["bf16"]), str(runs["adahop_lv2"]), "--out", str(stem)]) == 0
-    assert stem.with_suffix(".png").read_bytes().startswith(PNG_SIGNATURE)
-    rows = json.loads(stem.with_suffix(".json").read_text())
+    folder = tmp_path / "cmp"
+    assert adahop_main(["compare", str(runs["bf16"]), str(runs["adahop_lv2"]), "--out", str(folder)]) == 0
+    assert (folder / "loss.png").read_bytes().startswith(PNG_SIGNATURE)
+    rows = json.loads((folder / "runs.json").read_text())
     assert [r["recipe"] for r in rows] == ["bf16", "adahop_lv2"]
     assert rows[0]["val_gap_to_bf16"] == 0.0
     lv2 = rows[1]
     assert lv2["val_gap_to_bf16"] == pytest.approx(lv2["final_val_loss"] - rows[0]["final_val_loss"])
-    assert "adahop_lv2" in stem.with_suffix(".md").read_text()
+    assert "adahop_lv2" in (folder / "compare.md").read_text()
     assert "adahop_lv2" in capsys.readouterr().out
 
 
@@ -187,3 +187,43 @@ def test_eval_bad_paths_and_data_are_one_line_errors(runs, tmp_path, capsys):
     assert adahop_main(["eval", str(runs["bf16"]), "--data", str(tmp_path / "nothing.txt")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("adahop eval: error:") and err.count("\n") == 1
+
+
+def test_compare_out_is_a_folder_and_nothing_lands_beside_it(runs, tmp_path, capsys):
+    folder = tmp_path / "nested" / "cmp"
+    assert adahop_main(["compare", str(runs["bf16"]), "--out", str(folder)]) == 0
+    assert sorted(p.name for p in folder.iterdir()) == sorted(compare.OUTPUTS)
+    assert [p.name for p in folder.parent.iterdir()] == ["cmp"]
+    assert f"in {folder}/" in capsys.readouterr().out
+    (tmp_path / "file").write_text("")
+    assert adahop_main(["compare", str(runs["bf16"]), "--out", str(tmp_path / "file")]) == 2
+    assert "is a file; name a folder" in capsys.readouterr().err
+
+
+def test_eval_defaults_to_the_runs_own_validation_split(runs, corpus, capsys):
+    assert adahop_main(["eval", str(runs["adahop_lv2"]), "--max-batches", "2"]) == 0  # no --data
+    assert "validation split" in capsys.readouterr().out
+    default = evaluate.evaluate(runs["adahop_lv2"], max_batches=2, device="cpu")
+    assert default == evaluate.evaluate(runs["adahop_lv2"], str(corpus), max_batches=2, device="cpu")
+
+
+def test_held_out_batches_show_progress_with_their_count():
+    import numpy as np
+
+    held = evaluate.HeldOut(np.arange(1000), "x", "all", batch_size=4, seq_len=32, max_batches=None)
+    assert held.batches("pass").total == len(list(held.batches())) == 8  # 31 windows of 32 in 4s
+    capped = evaluate.HeldOut(np.arange(1000), "x", "all", batch_size=4, seq_len=32, max_batches=3)
+    assert capped.batches("pass").total == len(list(capped.batches())) == 3
+    assert held.num_tokens == 31 * 32
+
+
+def test_tables_are_not_cut_at_80_columns_in_a_log(capsys):
+    from rich.table import Table
+
+    from adahop.analysis.console import make_console
+
+    name = "model.layers.27.self_attention.query_key_value_projection_with_a_long_name." * 2
+    table = Table("layer", "forward")
+    table.add_row(name, "oe_left")
+    make_console().print(table)  # pytest captures: not a terminal
+    assert name in capsys.readouterr().out

@@ -99,3 +99,14 @@ def test_a_layers_recipe_cannot_be_swapped_after_it_is_built():
 def test_a_model_without_linear_layers_is_named_in_a_warning():
     with pytest.warns(UserWarning, match="convert_model converted nothing: Conv1d has no nn.Linear"):
         convert_model(nn.Conv1d(4, 4, 3))
+
+
+def test_a_recipe_named_like_a_registered_one_cannot_silently_run_another_strategy():
+    from adahop import Recipe
+
+    with pytest.raises(
+        ValueError, match=r"recipe 'bf16': strategy='adaptive', but the registered 'bf16' has strategy='bf16'"
+    ):
+        Recipe(name="bf16")  # the field defaults are adaptive: it would calibrate and quantize
+    assert get_recipe({"name": "bf16", "calibration_steps": 3}).strategy == "bf16"
+    assert Recipe(name="my_bf16", strategy="bf16").strategy == "bf16"

@@ -191,8 +191,8 @@ def test_corrupt_plans_get_clear_errors(tmp_path, text, match):
 def test_summary_lists_every_layer_and_gemm():
     lines = example_plan().summary().splitlines()
     assert lines[0].split() == ["layer", "x", "w", "g", "forward", "dgrad", "wgrad"]
-    assert lines[2].split() == ["layers.0.mlp.fc2", "col", "none", "row", "IHT", "OE-left", "BF16"]
-    assert lines[3].split() == ["layers.1.mlp.fc1", "-", "-", "-", "BF16", "BF16", "BF16"]
+    assert lines[2].split() == ["layers.0.mlp.fc2", "col", "none", "row", "iht", "oe_left", "bf16"]
+    assert lines[3].split() == ["layers.1.mlp.fc1", "-", "-", "-", "bf16", "bf16", "bf16"]
 
 
 # ---------------------------------------------------------------- a real tiny transformer
@@ -272,3 +272,10 @@ def test_real_transformer_patterns_are_stable(one_thread):
     # Weights stay near their Gaussian init (no pattern); attention outputs and gradients have one.
     assert all(second[name].majority("w") == "none" for name in linears)
     assert any(second[name].majority(role) != "none" for name in linears for role in "xg")
+
+
+def test_one_strategy_spelling_and_plans_in_the_papers_spelling_still_load():
+    old = '{"version": 1, "layers": {"a": {"forward": "OE-left", "dgrad": "IHT", "wgrad": "BF16"}}}'
+    plan = ModelPlan.from_json(old)
+    assert plan["a"].to_dict() == {"forward": "oe_left", "dgrad": "iht", "wgrad": "bf16"}
+    assert plan.summary().splitlines()[1].split()[-3:] == ["oe_left", "iht", "bf16"]  # as plan.json spells them

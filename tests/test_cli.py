@@ -1,9 +1,21 @@
 """The ``adahop`` dispatcher and the commands that need hardware this machine may not have."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
+import adahop
 from adahop.cli import COMMANDS, main
+
+
+def _src_env() -> dict[str, str]:
+    """The environment of a subprocess that imports this tree's adahop."""
+    src = str(Path(adahop.__file__).parents[1])
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
 
 
 def test_help_lists_every_command(capsys):
@@ -13,24 +25,13 @@ def test_help_lists_every_command(capsys):
 
 
 def test_version(capsys):
-    import adahop
-
     assert main(["--version"]) == 0
     assert capsys.readouterr().out == f"adahop {adahop.__version__}\n"
 
 
 def test_python_dash_m_adahop_runs_the_command():
     """``python -m adahop`` (what ``torchrun ... -m adahop train`` starts on every rank)."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    import adahop
-
-    src = str(Path(adahop.__file__).parents[1])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-m", "adahop", "--version"], env=env, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "adahop", "--version"], env=_src_env(), capture_output=True, text=True)
     assert (done.returncode, done.stdout) == (0, f"adahop {adahop.__version__}\n"), done.stderr
 
 
@@ -209,3 +210,21 @@ def test_step_bench_selects_cases_and_runs_by_name():
     )
     with pytest.raises(ValueError, match="choose from"):
         select_cases(["llama3_70b_4x2048"])
+
+
+def test_import_adahop_and_help_do_not_import_torch():
+    """``adahop --help`` and ``--version`` answer without torch (its import takes seconds); the
+    public names load on first use. The version has one source: the installed package's metadata."""
+    code = (
+        "import sys, adahop, adahop.cli\n"
+        "assert adahop.cli.main(['--help']) == 0 and adahop.cli.main(['--version']) == 0\n"
+        "assert 'torch' not in sys.modules, 'torch imported'\n"
+        "from adahop import convert_model, RECIPES\n"
+        "assert adahop.policy.ModelPlan and 'torch' in sys.modules and 'bf16' in RECIPES\n"
+        "from importlib.metadata import version\n"
+        "assert adahop.__version__ == version('adahop')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_src_env())
+    assert done.returncode == 0, done.stderr
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        adahop.nope

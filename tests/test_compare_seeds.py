@@ -54,9 +54,9 @@ def test_a_gap_over_two_standard_errors_is_inside_the_noise_while_p_is_above_0_0
 
 
 def test_groups_seeds_by_recipe_with_spread_and_paired_gap(seed_runs, tmp_path, capsys):
-    stem = tmp_path / "out" / "cmp"
-    assert adahop_main(["compare", *map(str, seed_runs), "--out", str(stem)]) == 0
-    rows = {r["recipe"]: r for r in json.loads(stem.with_name("cmp-recipes.json").read_text())}
+    folder = tmp_path / "out" / "cmp"
+    assert adahop_main(["compare", *map(str, seed_runs), "--out", str(folder)]) == 0
+    rows = {r["recipe"]: r for r in json.loads((folder / "recipes.json").read_text())}
     assert list(rows) == ["bf16", "adahop_lv2", "mxfp4"]
     lv2 = rows["adahop_lv2"]
     assert lv2["n"] == 3 and lv2["seeds"] == [0, 1, 2] and lv2["steps"] == [4]
@@ -71,10 +71,10 @@ def test_groups_seeds_by_recipe_with_spread_and_paired_gap(seed_runs, tmp_path, 
     t = lv2["val_gap_to_bf16"] / lv2["gap_stderr"]
     assert lv2["gap_t"] == pytest.approx(t)
     assert lv2["gap_p"] == pytest.approx(1 - abs(t) / math.sqrt(2 + t * t))  # Student's t, 2 dof, two-sided
-    assert f"inside the noise (t {t:.2f}, p {lv2['gap_p']:.3f}, paired)" in stem.with_suffix(".md").read_text()
+    assert f"inside the noise (t {t:.2f}, p {lv2['gap_p']:.3f}, paired)" in (folder / "compare.md").read_text()
     assert "beyond the noise" in capsys.readouterr().out
-    assert stem.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
-    per_run = json.loads(stem.with_suffix(".json").read_text())
+    assert (folder / "loss.png").read_bytes().startswith(b"\x89PNG")
+    per_run = json.loads((folder / "runs.json").read_text())
     assert len(per_run) == 9 and [r["seed"] for r in per_run[3:6]] == [0, 1, 2]
     assert [r["val_gap_to_bf16"] for r in per_run[3:6]] == pytest.approx(gaps)  # to bf16 of the same seed
 
@@ -99,9 +99,9 @@ def test_a_recipe_with_changed_fields_is_its_own_group(tmp_path):
     ablated = compare.read_run(fake_run(tmp_path, "adahop_lv2", 0, 2.7, extra='bf16_gemms = ["wgrad"]'))
     assert list(compare.group_runs([plain, ablated])) == ["adahop_lv2", "adahop_lv2 (bf16_gemms=['wgrad'])"]
     # the per-run table names each run by the same label as its group, in the .md and on the terminal
-    stem = tmp_path / "cmp"
-    assert adahop_main(["compare", str(plain.path), str(ablated.path), "--out", str(stem)]) == 0
-    assert "| adahop_lv2 (bf16_gemms=['wgrad']) | 0 |" in stem.with_suffix(".md").read_text()
+    folder = tmp_path / "cmp"
+    assert adahop_main(["compare", str(plain.path), str(ablated.path), "--out", str(folder)]) == 0
+    assert "| adahop_lv2 (bf16_gemms=['wgrad']) | 0 |" in (folder / "compare.md").read_text()
     assert [row["label"] for row in compare.comparison_rows([plain, ablated])] == list(
         compare.group_runs([plain, ablated])
     )
@@ -206,21 +206,21 @@ def test_labels_print_whole_and_as_text_on_the_terminal(tmp_path, capsys, monkey
 
 def test_against_gives_every_recipe_its_gap_to_a_chosen_one(seed_runs, tmp_path, capsys):
     """``adahop compare --against LABEL``: an ablation read against its base recipe, paired by seed."""
-    stem = tmp_path / "cmp"
-    assert adahop_main(["compare", *map(str, seed_runs), "--out", str(stem), "--against", "adahop_lv2"]) == 0
-    rows = {r["recipe"]: r for r in json.loads(stem.with_name("cmp-recipes.json").read_text())}
+    folder = tmp_path / "cmp"
+    assert adahop_main(["compare", *map(str, seed_runs), "--out", str(folder), "--against", "adahop_lv2"]) == 0
+    rows = {r["recipe"]: r for r in json.loads((folder / "recipes.json").read_text())}
     diffs = [a - b for a, b in zip(MXFP4, LV2)]
     g = rows["mxfp4"]["against"]
     assert g["recipe"] == "adahop_lv2" and g["pairing"] == "paired"
     assert (g["gap"], g["stderr"]) == pytest.approx((statistics.fmean(diffs), statistics.stdev(diffs) / math.sqrt(3)))
     assert rows["bf16"]["against"]["gap"] == pytest.approx(-statistics.fmean([a - b for a, b in zip(LV2, BF16)]))
     assert "against" not in rows["adahop_lv2"]
-    md = stem.with_suffix(".md").read_text()
+    md = (folder / "compare.md").read_text()
     assert "| recipe | n | val gap to adahop_lv2 (± s.e.) | verdict |" in md and md.count("\n| mxfp4 | 3 |") == 2
     assert "gap to adahop_lv2" in capsys.readouterr().out
     # the summary script agrees with the command
     summary = load_summary_script().summarize([str(p) for p in seed_runs], against=["adahop_lv2"])
     by_recipe = {r["recipe"]: r for r in summary["recipes"]}
     assert by_recipe["mxfp4"]["against"]["adahop_lv2"]["val"]["gap"] == pytest.approx(g["gap"])
-    assert adahop_main(["compare", *map(str, seed_runs), "--out", str(stem), "--against", "lv9"]) == 2
+    assert adahop_main(["compare", *map(str, seed_runs), "--out", str(folder), "--against", "lv9"]) == 2
     assert "--against 'lv9' is not a recipe of these runs" in capsys.readouterr().err

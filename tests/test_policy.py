@@ -107,9 +107,9 @@ def test_markdown_shows_every_entry():
     lines = LEVEL2.markdown().splitlines()
     assert lines[0] == "| A \\ B | row | none | col |"
     assert lines[2:] == [
-        "| row | IHT | OE-left | OE-right |",
-        "| col | IHT | IHT | BF16 |",
-        "| none | IHT | IHT | OE-right |",
+        "| row | iht | oe_left | oe_right |",
+        "| col | iht | iht | bf16 |",
+        "| none | iht | iht | oe_right |",
     ]
 
 

@@ -228,9 +228,10 @@ def test_rounding_seed_offset_changes_only_the_rounding_noise(small_overrides, t
 @pytest.mark.parametrize(
     "recipe", sorted(n for n, r in RECIPES.items() if not r.torchao_float8)
 )  # peer: test_float8_peer
-def test_short_run_writes_the_run_directory(recipe, small_overrides, tmp_path):
+def test_short_run_writes_the_run_directory(recipe, small_overrides, tmp_path, caplog):
     cfg = load_config(None, small_overrides(tmp_path / "run", recipe=recipe, checkpoint__keep_last=2))
-    result = Trainer(cfg, progress=False).train()
+    with caplog.at_level("INFO", logger="adahop"):
+        result = Trainer(cfg, progress=False).train()
     run = tmp_path / "run"
     assert result.run_dir == run and result.step == 6
 
@@ -253,11 +254,22 @@ def test_short_run_writes_the_run_directory(recipe, small_overrides, tmp_path):
     # The plan covers every converted linear; calibrating recipes froze after 2 steps.
     plan = ModelPlan.load(run / "plan.json")
     assert len(plan) == LINEARS_PER_BLOCK * SMALL_MODEL["n_layers"]
+    plan_logs = [r.getMessage() for r in caplog.records if r.getMessage().startswith("strategy plan")]
+    steps_logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step 6/6")]
     if cfg.recipe.adaptive:
         assert [r["phase"] for r in train[:3]] == ["calibrating", "calibrating", "frozen"]
-    else:
+        assert len(plan_logs) == 1 and plan_logs[0].startswith("strategy plan frozen (step 3")
+        assert steps_logged[0].endswith("frozen")
+    else:  # one strategy: nothing calibrates or freezes, and one line says what every layer runs
         strategies = {s.value for p in plan.values() for s in p.strategies().values()}
         assert strategies == {cfg.recipe.strategy}
+        assert {r["phase"] for r in train} == {"fixed"}
+        s = cfg.recipe.strategy
+        assert plan_logs == [
+            f"strategy plan fixed by recipe {recipe}: every one of {len(plan)} layers runs "
+            f"forward={s}, dgrad={s}, wgrad={s}"
+        ]
+        assert not steps_logged[0].endswith(("frozen", "calibrating", "fixed"))
 
     # What `adahop analyze` does: rebuild from config.toml and load the latest checkpoint.
     model = build_model_from_config(load_config(run / "config.toml"))

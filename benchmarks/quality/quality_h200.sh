@@ -50,8 +50,8 @@
 # Output ($OUT): quality_h200.log (this log), logs/NAME.log (each train and eval), runs/NAME/ for
 # every finished run (config.toml, metrics.jsonl, plan.json, loss.png, tb/, eval.json, analysis/; no
 # checkpoints: they stay in /tmp), incomplete/NAME/ for runs that failed or ran out of time (their
-# metrics so far; never mixed into runs/), compare.{md,png,json} and compare-recipes.json
-# (`adahop compare $OUT/runs/*`), summary.txt (benchmarks/quality/summary.py), summary.json.
+# metrics so far; never mixed into runs/), compare/ (loss.png, compare.md, runs.json, recipes.json:
+# `adahop compare $OUT/runs/* --out $OUT/compare`), summary.txt (benchmarks/quality/summary.py), summary.json.
 # With BUNDLE=1 (the default) all of it but the log and summary.txt ends up in quality_h200.tgz.
 # Exit status 0 only when every run trained to the end and every eval succeeded.
 set -uo pipefail

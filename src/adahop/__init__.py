@@ -14,13 +14,58 @@ The layers, from numbers up:
 - ``adahop.analysis``, ``adahop.bench``   ``adahop compare`` / ``analyze`` / ``bench``
 """
 
-from .formats import MXTensor, quantize_mx
-from .nn import AdaHOPLinear, convert_model, load_plan, model_plan
-from .policy import detect_pattern, pattern_stats
-from .recipes import DEFAULT_RECIPE, RECIPES, Recipe, get_recipe
-from .transforms import hadamard_transform
+import importlib
+from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING
 
-__version__ = "0.1.0"
+# The names below load on first use (PEP 562), so ``import adahop`` and the ``adahop`` command's own
+# ``--help`` and ``--version`` do not import torch; each subcommand imports what it runs.
+_EXPORTS = {
+    "MXTensor": ".formats",
+    "quantize_mx": ".formats",
+    "AdaHOPLinear": ".nn",
+    "convert_model": ".nn",
+    "load_plan": ".nn",
+    "model_plan": ".nn",
+    "detect_pattern": ".policy",
+    "pattern_stats": ".policy",
+    "DEFAULT_RECIPE": ".recipes",
+    "RECIPES": ".recipes",
+    "Recipe": ".recipes",
+    "get_recipe": ".recipes",
+    "hadamard_transform": ".transforms",
+}
+
+if TYPE_CHECKING:
+    from .formats import MXTensor, quantize_mx
+    from .nn import AdaHOPLinear, convert_model, load_plan, model_plan
+    from .policy import detect_pattern, pattern_stats
+    from .recipes import DEFAULT_RECIPE, RECIPES, Recipe, get_recipe
+    from .transforms import hadamard_transform
+
+try:
+    __version__ = version("adahop")  # one source: pyproject.toml's version
+except PackageNotFoundError:  # run from a source tree that was never installed
+    __version__ = "0+unknown"
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    else:  # a subpackage, as ``import adahop`` used to load them all (``adahop.policy.ModelPlan``)
+        try:
+            value = importlib.import_module(f".{name}", __name__)
+        except ModuleNotFoundError as e:
+            if e.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module 'adahop' has no attribute {name!r}") from None
+    globals()[name] = value  # the next access does not come here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
 
 __all__ = [
     "DEFAULT_RECIPE",

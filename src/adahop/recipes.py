@@ -126,6 +126,13 @@ class Recipe:
 
         fixed = tuple(s.value for s in Strategy if s not in (Strategy.OE_LEFT, Strategy.OE_RIGHT))
         check(self.strategy, (ADAPTIVE, *fixed), "strategy")
+        registered = globals().get("RECIPES", {}).get(self.name)  # None while RECIPES itself is built
+        if registered is not None and registered.strategy != self.strategy:
+            raise ValueError(
+                f"recipe {self.name!r}: strategy={self.strategy!r}, but the registered {self.name!r} has "
+                f"strategy={registered.strategy!r}; Recipe(name=...) starts from the field defaults: use "
+                f"get_recipe({{'name': {self.name!r}, ...}}) to start from {self.name!r}, or give the recipe its own name"
+            )
         check(self.fmt, tuple(ELEMENT_FORMATS), "fmt")
         check(self.forward_fmt, (None, *FORWARD_FORMATS), "forward_fmt")
         check(self.forward_strategy, (None, *(s.value for s in Strategy)), "forward_strategy")

@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..atomic import write_atomic
+from .console import make_console
 from .heatmaps import plot_layer, plot_overview
 from ..policy.strategies import ROLES
 from .outliers import LayerReport, analyze_model
@@ -115,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.sequences is not None and args.sequences < 1:
         parser.error(f"--sequences must be at least 1, got {args.sequences}")
-    console = Console()
+    console = make_console()
     from ..train import CheckpointError, ConfigError
 
     try:

@@ -27,6 +27,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..atomic import save_figure, write_atomic
+from .console import make_console
 from .runs import RunRecord, read_run
 
 SMOOTHING = 0.9  # EMA factor for the plotted train curves (raw curves drawn faintly)
@@ -416,33 +417,39 @@ def print_recipe_table(rows: list[dict], console: Console) -> None:
         console.print(table)
 
 
+OUTPUTS = ("loss.png", "compare.md", "runs.json", "recipes.json")  # what ``compare`` writes in its folder
+
+
 def compare(run_dirs: list[str | Path], out: str | Path, against: str | None = None) -> tuple[list[dict], list[dict]]:
-    """Write ``<out>.png``, ``<out>.md``, ``<out>.json`` (one row per run) and
-    ``<out>-recipes.json`` (one row per recipe); returns both lists of rows. ``against``: a recipe
-    label every other recipe is also compared with (``recipe_rows``)."""
+    """Write into the folder ``out`` (made if needed) ``loss.png``, ``compare.md``, ``runs.json`` (one
+    row per run) and ``recipes.json`` (one row per recipe); returns both lists of rows. ``against``: a
+    recipe label every other recipe is also compared with (``recipe_rows``)."""
     runs = [read_run(d) for d in run_dirs]
     rows, recipes = comparison_rows(runs), recipe_rows(runs, against)
-    out = Path(out).with_suffix("")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    plot_runs(runs, out.with_suffix(".png"))
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file; name a folder (made if needed)")
+    out.mkdir(parents=True, exist_ok=True)
+    png, md, runs_json, recipes_json = (out / name for name in OUTPUTS)
+    plot_runs(runs, png)
     tables = [markdown_table(rows), recipe_markdown(recipes), against_markdown(recipes)]
-    write_atomic(out.with_suffix(".md"), "\n\n".join(t for t in tables if t) + "\n")
-    write_atomic(out.with_suffix(".json"), json.dumps(rows, indent=2) + "\n")
-    write_atomic(out.with_name(out.name + "-recipes.json"), json.dumps(recipes, indent=2) + "\n")
+    write_atomic(md, "\n\n".join(t for t in tables if t) + "\n")
+    write_atomic(runs_json, json.dumps(rows, indent=2) + "\n")
+    write_atomic(recipes_json, json.dumps(recipes, indent=2) + "\n")
     return rows, recipes
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="adahop compare", description=__doc__)
     parser.add_argument("runs", nargs="+", help="run directories written by 'adahop train'")
-    parser.add_argument("--out", default="compare", help="output path stem (default: ./compare)")
+    parser.add_argument("--out", default="compare", help=f"output folder for {', '.join(OUTPUTS)} (default: ./compare)")
     parser.add_argument(
         "--against",
         metavar="LABEL",
         help="also give every recipe's gap to this one (a label of the recipe table, e.g. adahop_lv1)",
     )
     args = parser.parse_args(argv)
-    console = Console()
+    console = make_console()
     try:
         rows, recipes = compare(args.runs, args.out, args.against)
     except (FileNotFoundError, ValueError) as e:
@@ -450,6 +457,5 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print_table(rows, console)
     print_recipe_table(recipes, console)
-    stem = Path(args.out).with_suffix("")
-    console.print(f"wrote {stem}.png, {stem}.md, {stem}.json, {stem}-recipes.json")
+    console.print(f"wrote {', '.join(OUTPUTS)} in {args.out}/")
     return 0

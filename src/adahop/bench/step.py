@@ -180,7 +180,7 @@ def plan_mix(model: torch.nn.Module) -> dict[str, int]:
     from ..nn import model_plan
 
     triples = Counter(
-        f"{name.rsplit('.', 1)[-1]} " + "/".join(s.label for s in plan.strategies().values())
+        f"{name.rsplit('.', 1)[-1]} " + "/".join(s.value for s in plan.strategies().values())
         for name, plan in model_plan(model).items()
     )
     return dict(triples.most_common())

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..analysis.evaluate import add_checkpoint_arguments, held_out_tokens
+from ..analysis.evaluate import add_checkpoint_arguments, held_out
 from ..atomic import publish_dir, write_atomic
 from ..models import Transformer
 from ..models.llama import IGNORE_INDEX
@@ -99,7 +99,7 @@ def export_hf(
     from tokenizers import Tokenizer as BPE
     from transformers import PreTrainedTokenizerFast
 
-    from ..data import load_tokenizer, resolve_source, validation_batches
+    from ..data import load_tokenizer, resolve_source
     from ..data.tokenizer import EOS_TOKEN
     from ..train import load_run, mean_loss, resolve_device
 
@@ -110,11 +110,10 @@ def export_hf(
     tokenizer = load_tokenizer(resolve_source(cfg.data.source), cfg.data.vocab_size)
     llama = to_llama(model, tokenizer.eos_id, cfg.model.preset)
 
-    tokens, name, part = held_out_tokens(cfg, cfg.data.source)
-    batches = lambda: validation_batches(tokens, cfg.data.batch_size, cfg.data.seq_len, max_batches)  # noqa: E731
+    held = held_out(cfg, max_batches=max_batches)
     quantized = quantized_forward_layers(model)
-    trained = mean_loss(model, batches(), cfg, dev)
-    exported = mean_loss(_CausalLoss(llama), batches(), cfg, dev)
+    trained = mean_loss(model, held.batches("as trained"), cfg, dev)
+    exported = mean_loss(_CausalLoss(llama), held.batches("exported"), cfg, dev)
     report = {
         "checkpoint": str(state["path"]),
         "step": state["step"],
@@ -123,9 +122,9 @@ def export_hf(
         "forward": "quantized" if quantized else "bf16",
         "quantized_forward_layers": len(quantized),
         "device": str(dev),
-        "data": name,
-        "part": part,
-        "tokens": sum(targets.numel() for _, targets in batches()),
+        "data": held.name,
+        "part": held.part,
+        "tokens": held.num_tokens,
         "held_out_loss": {"as_trained": trained, "exported": exported},
         "loss_gap": exported - trained,
     }

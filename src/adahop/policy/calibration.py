@@ -231,6 +231,6 @@ class ModelPlan(Mapping[str, LayerPlan]):
         rows = [header]
         for name, plan in self._layers.items():
             patterns = plan.patterns or dict.fromkeys(ROLES, "-")
-            rows.append((name, *(patterns[r] for r in ROLES), *(s.label for s in plan.strategies().values())))
+            rows.append((name, *(patterns[r] for r in ROLES), *(s.value for s in plan.strategies().values())))
         widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
         return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)

@@ -29,7 +29,8 @@ ALL_PAIRS: tuple[PatternPair, ...] = tuple((a, b) for a in PATTERNS for b in PAT
 
 
 class Strategy(str, Enum):
-    """How one GEMM is computed."""
+    """How one GEMM is computed. Its value is its one spelling everywhere: logs, tables, ``plan.json``
+    (``parse`` also reads the paper's "IHT", "OE-left")."""
 
     BF16 = "bf16"  # the whole GEMM in high precision
     MXFP4 = "mxfp4"  # plain MXFP4, no transform
@@ -44,20 +45,6 @@ class Strategy(str, Enum):
             return cls(value.strip().lower().replace("-", "_") if isinstance(value, str) else value)
         except ValueError:
             raise ValueError(f"unknown strategy {value!r}; valid: {[s.value for s in cls]}") from None
-
-    @property
-    def label(self) -> str:
-        """The name used in the paper's tables."""
-        return _LABELS[self]
-
-
-_LABELS = {
-    Strategy.BF16: "BF16",
-    Strategy.MXFP4: "MXFP4",
-    Strategy.IHT: "IHT",
-    Strategy.OE_LEFT: "OE-left",
-    Strategy.OE_RIGHT: "OE-right",
-}
 
 
 def opposite(pattern: Pattern) -> Pattern:
@@ -115,7 +102,7 @@ class StrategyTable:
         columns = ("row", "none", "col")
         lines = ["| A \\ B | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
         for a in PATTERNS:
-            lines.append(f"| {a} | " + " | ".join(self[a, b].label for b in columns) + " |")
+            lines.append(f"| {a} | " + " | ".join(self[a, b].value for b in columns) + " |")
         return "\n".join(lines)
 
 

@@ -4,9 +4,9 @@
 
 - ``{"kind": "train", "step", "loss", "lr", "grad_norm", "tokens", "tokens_per_s", "memory_mib", "phase"}``
   every ``logging.log_every`` steps (``loss`` is that step's loss; ``tokens`` counts all tokens
-  trained on so far; ``phase`` is ``"calibrating"`` or ``"frozen"``; on CUDA the memory figures
-  are the peaks since the previous record, plus ``memory_reserved_mib`` and the process's
-  ``run_peak_reserved_mib``: ``PeakMemory``); a run on several ranks (one record, by rank 0) sums
+  trained on so far; ``phase`` is ``"calibrating"``, ``"frozen"`` or ``"fixed"``, a recipe of one
+  strategy; on CUDA the memory figures are the peaks since the previous record, plus
+  ``memory_reserved_mib`` and the process's ``run_peak_reserved_mib``: ``PeakMemory``); a run on several ranks (one record, by rank 0) sums
   ``tokens_per_s`` over ranks, reports the largest rank's memory figures and adds
   ``memory_mib_per_rank``, a list in rank order;
 - ``{"kind": "val", "step", "loss", "perplexity"}`` every ``logging.val_every`` steps and at the end;

@@ -312,6 +312,10 @@ class Trainer:
     # ---- calibration --------------------------------------------------------------------------
     @property
     def phase(self) -> str:
+        """``"calibrating"``, ``"frozen"`` (every layer froze its plan) or ``"fixed"`` (a recipe of one
+        strategy, such as ``bf16`` or ``mxfp4``: nothing to calibrate or freeze)."""
+        if not self.cfg.recipe.adaptive:
+            return "fixed"
         return "calibrating" if any(layer.calibrating for layer in self.layers) else "frozen"
 
     def _maybe_save_plan(self) -> None:
@@ -322,8 +326,15 @@ class Trainer:
             return
         plan = model_plan(self.model)
         plan.save(self.run_dir / PLAN_FILE)
-        how = "restored from the checkpoint" if self._plan_restored else "frozen"
-        log.info("strategy plan %s (step %d, recipe %s):\n%s", how, self.step, self.cfg.recipe.name, plan.summary())
+        recipe = self.cfg.recipe.name
+        kinds = {tuple(p.strategies().values()) for p in plan.values()}
+        if self.phase == "fixed" and len(kinds) == 1:  # one line says it all
+            strategies = ", ".join(f"{g}={s.value}" for g, s in next(iter(plan.values())).strategies().items())
+            log.info("strategy plan fixed by recipe %s: every one of %d layers runs %s", recipe, len(plan), strategies)
+            return
+        how = {"fixed": "fixed by the recipe", "frozen": "frozen"}[self.phase]
+        how = "restored from the checkpoint" if self._plan_restored else how
+        log.info("strategy plan %s (step %d, recipe %s):\n%s", how, self.step, recipe, plan.summary())
 
     def _maybe_compile(self) -> None:
         """Compile the transformer blocks once no layer calibrates: a calibrating layer runs
@@ -496,7 +507,7 @@ class Trainer:
             phase=self.phase,
         )
         log.info(
-            "step %d/%d  loss %.4f  lr %.2e  grad_norm %.3f  %s tok/s  %s MiB  %s",
+            "step %d/%d  loss %.4f  lr %.2e  grad_norm %.3f  %s tok/s  %s MiB%s",
             self.step,
             self.cfg.training.steps,
             loss,
@@ -505,7 +516,7 @@ class Trainer:
             f"{tokens_per_s:,.0f}",
             f"{memory['memory_mib']:,.0f}"
             + (f" (reserved {memory['memory_reserved_mib']:,.0f})" if "memory_reserved_mib" in memory else ""),
-            self.phase,
+            "" if self.phase == "fixed" else f"  {self.phase}",
         )
 
     def _log_patterns(self, metrics: MetricsLogger | None) -> None:
