@@ -239,7 +239,7 @@ def test_short_run_writes_the_run_directory(recipe, small_overrides, tmp_path, c
     assert (run / "loss.png").read_bytes()[:8] == PNG_SIGNATURE
     assert any(p.name.startswith("events.out.tfevents") for p in (run / "tb").iterdir())
     # checkpoints every 2 steps, the newest 2 kept
-    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_0000004.pt", "step_0000006.pt"]
+    assert sorted(p.name for p in (run / "checkpoints").glob("*.pt")) == ["step_0000004.pt", "step_0000006.pt"]
 
     records = read_metrics(run)
     train = [r for r in records if r["kind"] == "train"]

@@ -328,6 +328,9 @@ class Trainer:
         plan.save(self.run_dir / PLAN_FILE)
         recipe = self.cfg.recipe.name
         kinds = {tuple(p.strategies().values()) for p in plan.values()}
+        if not kinds:  # a peer recipe (torchao float8) trains the linears itself
+            log.info("strategy plan: recipe %s converts no layer to AdaHOPLinear", recipe)
+            return
         if self.phase == "fixed" and len(kinds) == 1:  # one line says it all
             strategies = ", ".join(f"{g}={s.value}" for g, s in next(iter(plan.values())).strategies().items())
             log.info("strategy plan fixed by recipe %s: every one of %d layers runs %s", recipe, len(plan), strategies)
