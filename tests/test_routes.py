@@ -31,6 +31,11 @@ CASES = [
     (CUDA, HOPPER, 4096, "mxfp4", 16, GemmRoute.REFERENCE),  # ... with blocks of 32
     (CUDA, AMPERE, 4096, "mxfp4", 32, GemmRoute.DEQUANT_BF16),
     (CUDA, AMPERE, 40, "mxfp4", 32, GemmRoute.DEQUANT_BF16),
+    # Row-wise FP8 (no blocks): cuBLAS's row-wise scaled GEMM where it runs, else the reference.
+    (CPU, None, 4096, "fp8_e4m3_rowwise", 32, GemmRoute.REFERENCE),
+    (CUDA, HOPPER, 4096, "fp8_e4m3_rowwise", 32, GemmRoute.FOLD_FP8),
+    (CUDA, HOPPER, 40, "fp8_e4m3_rowwise", 32, GemmRoute.REFERENCE),
+    (CUDA, AMPERE, 4096, "fp8_e4m3_rowwise", 32, GemmRoute.REFERENCE),
 ]
 
 

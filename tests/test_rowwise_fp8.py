@@ -208,3 +208,21 @@ def test_rowwise_forward_compiles_with_the_op_as_one_node():
     compiled = torch.compile(fp8, backend="aot_eager", fullgraph=True)
     got = run(compiled, x, g)
     assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("fast_accum", (True, False))
+def test_cuda_gemm_of_rowwise_operands_matches_float64(fast_accum):
+    """On Hopper ``folded_matmul`` of two row-wise FP8 operands runs cuBLAS's row-wise ``_scaled_mm``;
+    with a float32 output it matches the float64 product of the dequantized operands."""
+    from adahop import ops
+    from adahop.policy.routes import GemmRoute
+
+    x, w = torch.randn(512, 1024, device="cuda"), torch.randn(768, 1024, device="cuda")
+    x[:, 3] *= 50.0
+    qx, qw = quantize_fp8_rowwise(x), quantize_fp8_rowwise(w)
+    assert ops.route_of(x.device, 768, ROWWISE) == GemmRoute.FOLD_FP8
+    got = ops.folded_matmul(qx, qw, torch.float32, fast_accum=fast_accum).double()
+    want = qx.dequantize().double() @ qw.dequantize().double().T
+    assert ((got - want).norm() / want.norm()).item() < (1e-3 if fast_accum else 1e-6)
