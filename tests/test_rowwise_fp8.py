@@ -203,8 +203,9 @@ def test_rowwise_forward_is_validated():
 
 def test_rowwise_forward_compiles_with_the_op_as_one_node():
     x, g = inputs()
-    fp8, _ = layer_pair("mxfp4")
-    want = run(fp8, x, g)
+    fp8, _ = layer_pair("mxfp4", grad_rounding="nearest")  # no noise: eager and compiled draw seeds alike or not
+    want = [t.clone() for t in run(fp8, x, g)]
+    fp8.weight.grad = None
     compiled = torch.compile(fp8, backend="aot_eager", fullgraph=True)
     got = run(compiled, x, g)
     assert all(torch.equal(a, b) for a, b in zip(got, want))
