@@ -1,6 +1,8 @@
 """Make the quality study's data folder from the shared English corpus (run once, on any machine).
 
     python benchmarks/quality/prepare_data.py [../shared/data/english-docs.jsonl.gz] [--out .data]
+    python benchmarks/quality/prepare_data.py ../shared/data/english-more/english-more-train-1.jsonl.gz \
+        --out .data-more --max-text-bytes 100000000      # the longer run of issue 31 (PLAN-issue31.md)
 
 Reads the shared ``english-docs.jsonl.gz`` (one ``{"text": ...}`` per line: the Python 3.11 docs,
 then the Linux 6.1 docs, in path order), drops exact duplicate documents, shuffles the rest with a
@@ -17,7 +19,9 @@ first 4 MiB, which unshuffled would be Python documentation only. After the shuf
 sample, the validation split and the held-out file are each a sample of the whole corpus.
 
 The output is a pure function of the input (seeded shuffle, gzip with mtime 0): the printed
-sha256 sums are the same on every machine, and ``manifest.json`` records them.
+sha256 sums are the same on every machine, and ``manifest.json`` records them. ``--max-text-bytes``
+keeps only the first documents of the shuffle (train and held-out together), so a larger corpus fits
+what one GPU call can carry.
 """
 
 from __future__ import annotations
@@ -51,11 +55,20 @@ def write_jsonl_gz(path: Path, texts: list[str]) -> str:
     return hashlib.sha256(blob).hexdigest()
 
 
-def split(texts: list[str], heldout_fraction: float, seed: int) -> tuple[list[str], list[str]]:
-    """(train, held-out): distinct documents in a seeded order, the held-out ones taken from the end
-    until they hold ``heldout_fraction`` of the bytes."""
+def split(
+    texts: list[str], heldout_fraction: float, seed: int, max_bytes: int | None = None
+) -> tuple[list[str], list[str]]:
+    """(train, held-out): distinct documents in a seeded order (its first ``max_bytes`` of text, if
+    given), the held-out ones taken from the end until they hold ``heldout_fraction`` of the bytes."""
     unique = list(dict.fromkeys(texts))  # exact duplicates would leak held-out text into training
     random.Random(seed).shuffle(unique)
+    if max_bytes is not None:
+        kept = 0
+        for n, text in enumerate(unique):
+            kept += len(text.encode())
+            if kept > max_bytes:
+                unique = unique[:n]
+                break
     total, held, cut = sum(len(t.encode()) for t in unique), 0, len(unique)
     while cut > 1 and held < heldout_fraction * total:
         cut -= 1
@@ -69,12 +82,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path(".data"))
     parser.add_argument("--heldout-fraction", type=float, default=HELDOUT_FRACTION)
     parser.add_argument("--seed", type=int, default=SEED)
+    parser.add_argument("--max-text-bytes", type=int, help="keep the shuffle's first documents up to this much text")
     args = parser.parse_args(argv)
     if not args.source.is_file():
         print(f"prepare_data: no such file {args.source}", file=sys.stderr)
         return 2
     texts = read_documents(args.source)
-    train, heldout = split(texts, args.heldout_fraction, args.seed)
+    train, heldout = split(texts, args.heldout_fraction, args.seed, args.max_text_bytes)
     assert not set(train) & set(heldout)
     args.out.mkdir(parents=True, exist_ok=True)
     manifest = {
@@ -83,7 +97,9 @@ def main(argv: list[str] | None = None) -> int:
         "seed": args.seed,
         "heldout_fraction": args.heldout_fraction,
         "documents": len(texts),
-        "duplicates_dropped": len(texts) - len(train) - len(heldout),
+        "duplicates_dropped": len(texts) - len(set(texts)),
+        "max_text_bytes": args.max_text_bytes,
+        "documents_left_out": len(set(texts)) - len(train) - len(heldout),
     }
     for name, part in ((TRAIN_NAME, train), (HELDOUT_NAME, heldout)):
         digest = write_jsonl_gz(args.out / name, part)

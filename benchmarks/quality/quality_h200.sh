@@ -44,6 +44,7 @@
 #   HELDOUT [.data/english-heldout.jsonl.gz]
 #   BUNDLE [1]     1: at the end, everything in $OUT but summary.txt and quality_h200.log goes into
 #                  $OUT/quality_h200.tgz (the GPU tool returns at most 8 files; unpack with tar xzf); 0: keep it loose
+#   .whl/          carried wheels (e.g. torchao for torchao_float8_* recipes) are installed first (not with DRY=1)
 #   DRY [0]        1: CPU dry run, a 2-layer dim-64 model, seq 64 x 4, STEPS 6, eval on 2 batches:
 #                      DRY=1 OUT=/tmp/q_dry bash benchmarks/quality/quality_h200.sh
 #
@@ -96,7 +97,12 @@ LOG=$OUT/quality_h200.log
 exec > >(tee -a "$LOG") 2>&1
 elapsed() { echo $(( $(date +%s) - T0 )); }
 say() { echo "== $(date -u +%T) (+$(elapsed)s) $*"; }
-export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 ADAHOP_CACHE=$WORK/cache
+SITE=""
+if [ "$DRY" != 1 ] && ls .whl/*.whl > /dev/null 2>&1; then  # carried wheels (torchao for the float8 peer recipes)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$WORK/site" .whl/*.whl \
+    && SITE=:$WORK/site
+fi
+export PYTHONPATH=$PWD/src$SITE PYTHONUNBUFFERED=1 ADAHOP_CACHE=$WORK/cache
 export HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1
 gpu_line() { command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader 2>/dev/null | head -1 | sed 's/^/GPU /'; }
 
