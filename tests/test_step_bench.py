@@ -97,6 +97,10 @@ def test_roofline_counts_a_shared_input_once_where_compiled_blocks_merge_its_cal
     assert eager[roofline.QUANTIZE_FOLD].calls - compiled[roofline.QUANTIZE_FOLD].calls == 1
     assert eager[roofline.QUANTIZE_COLS].calls - compiled[roofline.QUANTIZE_COLS].calls == 2
     assert eager[roofline.FOLD].calls == compiled[roofline.FOLD].calls  # each consumer folds its own operand
+    assert eager[roofline.SELECT].calls == compiled[roofline.SELECT].calls == 1  # wv's X: its own scores
+    shared = [replace(layer, forward="oe_left") for layer in layers]
+    assert roofline.preparation_passes(shared, T, merged=False)[roofline.SELECT].calls == 3
+    assert roofline.preparation_passes(shared, T, merged=True)[roofline.SELECT].calls == 1  # X's top rows once
     twice = roofline.preparation_passes(layers, T, merged=True, micro_steps=4)
     assert twice[roofline.FOLD].bytes == 4 * compiled[roofline.FOLD].bytes
 
@@ -164,3 +168,31 @@ def test_step_bench_gpu_script_dry_run_writes_its_files(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["bench.json", "bench.log", "bench.md", "step_bench.log"]
     assert "skipped: no_such_recipe is not a recipe of this checkout" in (out / "step_bench.log").read_text()
     assert "| bf16/eager |" in (out / "bench.md").read_text()
+
+
+def test_roofline_model_predicts_every_preparation_call_of_a_committed_h200_step():
+    """The byte model's calls against the kernels the H200 profiled at ``llama3_1b`` 8 x 2048 (2026-12-04,
+    compiled blocks and CUDA graphs): quantize-fold, column-wise quantize, fold and selection, per recipe.
+    The layers come from the run's plan mix (benchmarks/step/roofline_committed.py)."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    step = Path(__file__).parents[1] / "benchmarks" / "step"
+    spec = importlib.util.spec_from_file_location("roofline_committed", step / "roofline_committed.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    bench = json.loads((step / "2026-12-04-h200-step" / "recheck-c340476" / "bench.json").read_text())
+    case = bench["step"]["cases"]["llama3_1b_8x2048"]
+    for name in ("adahop_lv2/compile+graph", "adahop_lv1/compile+graph", "adahop_lv1_bf16_forward/compile+graph"):
+        table = script.committed_roofline(case, case["runs"][name])
+        assert {f: (r["calls_model"], r["calls_profiled"]) for f, r in table["families"].items()} == {
+            f: (r["calls_profiled"], r["calls_profiled"]) for f, r in table["families"].items()
+        }
+        assert set(table["families"]) == {
+            roofline.QUANTIZE_FOLD,
+            roofline.QUANTIZE_COLS,
+            roofline.FOLD,
+            roofline.SELECT,
+        }
+    assert script.committed_roofline(case, case["runs"]["bf16/compile"]) is None

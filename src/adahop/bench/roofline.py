@@ -122,7 +122,8 @@ def preparation_passes(
         out[family].bytes += nbytes
 
     def select(rows: int, key: tuple | None = None) -> None:
-        add(SELECT, SCORE_BYTES * rows + 8 * min(oe_k, rows), key)
+        """The top rows of the scores the quantize pass ``key`` recorded: merged where that pass is."""
+        add(SELECT, SCORE_BYTES * rows + 8 * min(oe_k, rows), None if key is None else ("select", *key))
 
     T = tokens
     for layer in layers:
@@ -194,7 +195,7 @@ def one_read_floor_bytes(layers: list[Layer], tokens: int, *, micro_steps: int =
 def roofline(result: dict, copy_gb_per_s: float) -> dict | None:
     """Per family: modelled calls and bytes, profiled calls and ms, achieved TB/s and time over the
     floor (bytes at ``copy_gb_per_s``); their sums against the step's CUDA time. None for a run
-    without converted layers (BF16, the peers) or without a profile."""
+    without converted layers (BF16, the peers) or whose layers all run in BF16."""
     layers = [Layer(**layer) for layer in result.get("layers", [])]
     profiled = result.get("profile", {}).get("preparation", {})
     if not layers or "tokens_per_micro_step" not in result:
@@ -202,6 +203,8 @@ def roofline(result: dict, copy_gb_per_s: float) -> dict | None:
     passes = preparation_passes(
         layers, result["tokens_per_micro_step"], micro_steps=result.get("accum", 1), merged=result.get("merged", True)
     )
+    if not passes:  # every GEMM in BF16
+        return None
     rows = {}
     for family in FAMILIES:
         model, prof = passes.get(family, FamilyBytes()), profiled.get(family, {"ms": 0.0, "calls": 0})
