@@ -13,6 +13,7 @@ import contextlib
 import os
 import re
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
@@ -45,7 +46,8 @@ pytestmark = [
 ]
 WORLD = 2
 TOLERANCE = 1e-6  # relative, 2 ranks against 1 process: see the first test
-TIMEOUT_S = 240  # the whole spawn; a hang fails the test instead of stalling CI
+TIMEOUT_S = 360  # the whole spawn; a hang fails the test instead of stalling CI
+STALL_TIMEOUT_S = 15  # training.timeout of the run with a stopped rank: generous for a busy machine
 
 
 class Interrupted(Exception):
@@ -99,12 +101,16 @@ def run_rank(rank: int, jobs: list[dict], logs: str) -> None:
             if kwargs["step"] == job.get("crash_after"):
                 raise Interrupted
 
-        def fail_on_rank_1(self, inputs, targets, job=job, **kwargs):
+        def faults(self, inputs, targets, job=job, **kwargs):
             if rank == 1 and self.step + 1 == job.get("fail_at"):
                 raise RuntimeError("simulated fault on rank 1")
+            if rank == 1 and self.step + 1 == job.get("stall_at"):
+                os.kill(os.getpid(), signal.SIGSTOP)  # stopped until the test kills it
+            if rank in job.get("sigterm_ranks", ()) and self.step + 1 == job["sigterm_at"]:
+                os.kill(os.getpid(), signal.SIGTERM)  # what Slurm sends; handled before the next line runs
             return micro_step(self, inputs, targets, **kwargs)
 
-        trainer_module.save_sharded, trainer_module.Trainer._micro_step = save_then_crash, fail_on_rank_1
+        trainer_module.save_sharded, trainer_module.Trainer._micro_step = save_then_crash, faults
         if rank == 0 and "damage" in job:  # before the ranks meet: rank 1 reads the run after rank 0
             damage_a_shard(*job["damage"])
         with open(f"{logs}/job{i}.rank{rank}.err", "w") as err:
@@ -114,23 +120,35 @@ def run_rank(rank: int, jobs: list[dict], logs: str) -> None:
         Path(f"{logs}/job{i}.rank{rank}.status").write_text(str(status))
 
 
-def spawn(jobs: list[dict], logs: Path) -> list[list[tuple[int, str]]]:
-    """Run ``jobs`` on 2 ranks; per job, each rank's (exit status, stderr)."""
+def spawn(jobs: list[dict], logs: Path) -> list[list[tuple[int | None, str]]]:
+    """Run ``jobs`` on 2 ranks; per job, each rank's (exit status, stderr); a job with
+    ``stall_at`` must be the last: once rank 0 is done with it, the stopped rank is killed (its
+    status: None)."""
     logs.mkdir(parents=True, exist_ok=True)
     stores = [HostedStore() for _ in jobs]  # bound here, before the ranks start: no port to race for
     jobs = [{**job, "rendezvous": store.env} for job, store in zip(jobs, stores)]
     context = mp.start_processes(run_rank, args=(jobs, str(logs)), nprocs=WORLD, start_method="spawn", join=False)
     deadline = time.monotonic() + TIMEOUT_S
-    while not context.join(timeout=5):
+    stalled = "stall_at" in jobs[-1]
+    while True:
+        if stalled and (logs / f"job{len(jobs) - 1}.rank0.status").exists():
+            context.processes[1].kill()  # SIGKILL ends a stopped process too
+        try:
+            if context.join(timeout=5):
+                break
+        except mp.ProcessExitedException:
+            assert stalled, "a rank died"
+            break
         if time.monotonic() > deadline:
             for process in context.processes:
                 process.kill()
             pytest.fail(f"the 2-rank run did not end within {TIMEOUT_S} s")
+
+    def status(path: Path) -> int | None:
+        return int(path.read_text()) if path.exists() else None
+
     return [
-        [
-            (int((logs / f"job{i}.rank{r}.status").read_text()), (logs / f"job{i}.rank{r}.err").read_text())
-            for r in range(WORLD)
-        ]
+        [(status(logs / f"job{i}.rank{r}.status"), (logs / f"job{i}.rank{r}.err").read_text()) for r in range(WORLD)]
         for i in range(len(jobs))
     ]
 
@@ -163,8 +181,10 @@ def runs(small_overrides, tmp_path_factory):
     after its step-2 checkpoint (still calibrating: per-rank votes) and resumed, the
     one-process run resumed on 2 ranks from its step-2 checkpoint, a run whose loss diverges,
     one whose rank 1 finds the disk full at the step-4 checkpoint, the straight run resumed
-    from step 4 after a shard of its step-6 checkpoint was damaged (with and without checksums), and
-    one whose rank 1 fails in step 3 (last: its processes go on, but in a group of their own)."""
+    from step 4 after a shard of its step-6 checkpoint was damaged (with and without checksums),
+    two stopped by SIGTERM (one resumed), and one whose rank 1 fails in step 3 (last: its
+    processes go on, but in a group of their own, and rank 0 notices only when rank 1's process
+    exits)."""
     root = tmp_path_factory.mktemp("dist")
     Trainer(load_config(None, small_overrides(root / "single", **NEAREST)), progress=False).train()  # caches the tokens
     shutil.copytree(root / "single", root / "widened")
@@ -182,6 +202,11 @@ def runs(small_overrides, tmp_path_factory):
         # The whole config in the arguments: rank 1 must not read the run before rank 0 copied it.
         resume = [*as_argv(small_overrides(root / name, **ONE_BLOCK)), "--resume"]
         jobs.append({"argv": resume, "damage": (str(root / "straight"), str(root / name), checksums)})
+    jobs += [
+        {"argv": as_argv(small_overrides(root / "sigterm_one", **ONE_BLOCK)), "sigterm_ranks": [1], "sigterm_at": 2},
+        {"argv": ["--out", str(root / "sigterm_one"), "--resume"]},
+        {"argv": as_argv(small_overrides(root / "sigterm_all", **ONE_BLOCK)), "sigterm_ranks": [0, 1], "sigterm_at": 2},
+    ]
     # "nearest" with FSDP2's own BF16 gather (training.fsdp_low_precision_all_gather off).
     jobs.append({"argv": as_argv(small_overrides(root / "bf16_gather", **NEAREST, **BF16_GATHER))})
     jobs.append({"argv": as_argv(small_overrides(root / "failing", **ONE_BLOCK)), "fail_at": 3})  # last: see above
@@ -196,6 +221,16 @@ def test_low_precision_all_gather_trains_bit_identically_to_the_bf16_gather(runs
     assert [status for status, _ in results[-2]] == [0, 0], results[-2]
     assert load_config(root / "nearest" / "config.toml").training.fsdp_low_precision_all_gather
     assert losses(root / "nearest") == losses(root / "bf16_gather")
+
+
+@pytest.fixture(scope="module")
+def stalled(small_overrides, tmp_path_factory):
+    """A 2-rank run whose rank 1 stops itself (SIGSTOP) in step 3; a spawn of its own, as the
+    stopped process is killed at the end."""
+    root = tmp_path_factory.mktemp("stalled")
+    overrides = small_overrides(root / "run", **ONE_BLOCK, training__timeout=STALL_TIMEOUT_S)
+    [result] = spawn([{"argv": as_argv(overrides), "stall_at": 3}], root / "logs")
+    return root / "run", result
 
 
 def rank_states(checkpoint: Path) -> list[dict]:
@@ -379,3 +414,47 @@ def test_a_damaged_shard_sets_the_checkpoint_aside_and_resumes_from_the_one_befo
     assert (run / "checkpoints" / "step_0000006.corrupt" / "__1_0.distcp").is_file()  # set aside, not deleted
     assert losses(run) == losses(root / "straight")  # steps 5 and 6 again, exactly
     assert latest_checkpoint(run).name == "step_0000006"  # written anew
+
+
+def test_sigterm_to_one_rank_stops_every_rank_at_one_step_with_a_checkpoint(runs):
+    """Rank 1 gets SIGTERM during step 2 and proposes step 3 in the store; both ranks finish step 3,
+    write its checkpoint together and exit 143; rank 0 prints the one line. Resumed, the run
+    trains on as if never stopped."""
+    root, results = runs
+    run = root / "sigterm_one"
+    [(status0, err0), (status1, err1)] = results[9]
+    assert (status0, status1) == (143, 143), err0 + err1
+    assert err1 == "" and "Traceback" not in err0
+    [line] = [line for line in err0.splitlines() if line.startswith("adahop train:")]
+    assert line == (
+        f"adahop train: terminated (SIGTERM) after a checkpoint; stopped at step 3 of 6; last checkpoint "
+        f"{run / 'checkpoints' / 'step_0000003'}; continue with: torchrun --nproc-per-node=2 -m adahop train "
+        f"--out {run} --resume"
+    )
+    assert [status for status, _ in results[10]] == [0, 0], results[10]
+    assert losses(run) == losses(root / "straight")  # every train and validation loss, bit for bit
+
+
+def test_sigterm_to_every_rank_writes_one_checkpoint(runs):
+    root, results = runs
+    run = root / "sigterm_all"
+    assert [status for status, _ in results[11]] == [143, 143], results[11]
+    lines = [line for _, err in results[11] for line in err.splitlines() if line.startswith("adahop train:")]
+    assert len(lines) == 1 and "stopped at step 3 of 6" in lines[0]
+    assert latest_checkpoint(run).name == "step_0000003"
+    assert (run / "checkpoints" / "step_0000003" / ".metadata").is_file()
+
+
+def test_a_stalled_rank_stops_the_run_naming_it(stalled):
+    """Rank 1 stops itself (SIGSTOP) in step 3; rank 0's collective gives up after
+    training.timeout and it reports rank 1, which never answered. No timing is asserted: the
+    run ends only through the timeout."""
+    run, [(status0, err0), (status1, _)] = stalled
+    assert (status0, status1) == (1, None)  # rank 1 was killed while stopped
+    [line] = [line for line in err0.splitlines() if "error:" in line]
+    assert line == (
+        f"adahop train: error: rank 1 stalled: no answer within training.timeout={STALL_TIMEOUT_S} s "
+        f"(a stopped process, I/O that hangs, a wedged GPU); stopped at step 2 of 6; last checkpoint "
+        f"{run / 'checkpoints' / 'step_0000002'}; continue with: torchrun --nproc-per-node=2 -m adahop train "
+        f"--out {run} --resume"
+    )

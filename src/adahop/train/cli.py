@@ -8,8 +8,9 @@ key is set with ``--section.field=value``. ``--resume`` without ``--config`` sta
 run directory's saved ``config.toml``. Mistakes in arguments exit with status 2 and a message
 listing the valid choices; a failed run (non-finite loss, unusable checkpoint, a write that
 failed) with status 1 and one line saying where it stopped; Ctrl-C with status 130 and the same
-line. A run holds its run directory's lock (``run_lock``): a second run on the same ``--out``
-refuses with status 1, naming the first one's process and host.
+line; SIGTERM finishes the step, writes a checkpoint and exits with status 143 and that line
+(``stopping``). A run holds its run directory's lock (``run_lock``): a second run on the same
+``--out`` refuses with status 1, naming the first one's process and host.
 
 Under ``torchrun --nproc-per-node=N -m adahop train ...`` every rank runs this with the same
 arguments (see ``distributed``): rank 0 reports mistakes in them and logs the run, and when a
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -33,9 +35,20 @@ from ..models import MODEL_PRESETS
 from ..recipes import DEFAULT_RECIPE, RECIPES
 from .checkpoint import CHECKPOINT_DIR, CheckpointError, latest_checkpoint
 from .config import ConfigError, TrainConfig, apply_overrides, flatten, load_config
-from .distributed import ParallelEnv, PeerFailedError, claim_failure, launch_rank, process_group
+from .distributed import (
+    ParallelEnv,
+    PeerFailedError,
+    claim_failure,
+    launch_rank,
+    lost_peer,
+    mark_answering,
+    process_group,
+    silent_ranks,
+    timed_out,
+)
 from .metrics import METRICS_FILE, PLOT_FILE, TENSORBOARD_DIR
 from .run_lock import RunDirectoryInUseError, run_lock
+from .stopping import SIGTERM_EXIT_STATUS, StopRequest, Terminated, on_sigterm
 from .trainer import CONFIG_FILE, PLAN_FILE, NonFiniteLossError, Trainer, TrainResult
 
 SHORT_FLAGS = {
@@ -148,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(e))
     with logging_redirect_tqdm(loggers=[_setup_logging()]):  # log lines print above the bar
         try:
-            with process_group(cfg.training.device, always=cfg.training.distributed) as env:
+            with process_group(cfg.training.device, cfg.training.distributed, cfg.training.timeout) as env:
                 result = _train(parser, args, cfg, env)
         except ValueError as e:  # this rank has no GPU of its own
             parser.error(str(e))
@@ -167,18 +180,36 @@ def _train(
 ) -> TrainResult | int:
     """Build and train the run; an error becomes its exit status (and its one line). Runs inside
     the process group, so the failing rank claims its failure before leaving the group."""
-    trainer = None
+    trainer, stop, grace = None, StopRequest(), cfg.training.sigterm_grace
+
+    def give_up() -> None:  # SIGTERM's grace ran out before the checkpoint was written
+        _fail(
+            env,
+            f"terminated (SIGTERM), no checkpoint within training.sigterm_grace={grace:g} s; {_where(trainer, cfg)}",
+        )
+        sys.stderr.flush()
+        os._exit(SIGTERM_EXIT_STATUS)
+
     try:
         # Rank 0 locks the run directory for all ranks; theirs wait for it in the Trainer.
-        with run_lock(cfg.run_dir) if env.is_main and not _missing_resume(args, cfg) else contextlib.nullcontext():
+        lock = run_lock(cfg.run_dir) if env.is_main and not _missing_resume(args, cfg) else contextlib.nullcontext()
+        sigterm = on_sigterm(stop, checkpoint=cfg.training.sigterm_checkpoint, grace_s=grace, give_up=give_up)
+        with lock, sigterm:
             trainer = Trainer(
                 cfg,
                 resume=args.resume,
                 progress=sys.stderr.isatty(),
                 env=env,
                 accept_changed_data=args.accept_changed_data,
+                stop=stop,
             )
             return trainer.train()
+    except Terminated as e:
+        if not e.agreed:  # stopped where it was: the first rank to stop reports
+            return _fail(env, f"terminated (SIGTERM); {_where(trainer, cfg)}", status=SIGTERM_EXIT_STATUS)
+        if env.is_main:  # every rank stopped at the same step and wrote its shard: rank 0 reports
+            print(f"adahop train: terminated (SIGTERM) after a checkpoint; {_where(trainer, cfg)}", file=sys.stderr)
+        return SIGTERM_EXIT_STATUS
     except PeerFailedError:  # another rank reports
         return 1
     except ValueError as e:  # a config, run directory or data source that cannot be used
@@ -198,6 +229,14 @@ def _train(
     except Exception as e:
         if not env.distributed:
             raise
+        if timed_out(e):
+            return _fail_stalled(env, trainer, cfg)
+        if lost_peer(e):
+            return _fail(
+                env,
+                "another rank exited without a word "
+                f"(killed, e.g. by the out-of-memory killer, or crashed: see the launcher's report); {_where(trainer, cfg)}",
+            )
         return _fail_unexpected(env, e, trainer, cfg)
 
 
@@ -214,6 +253,22 @@ def _fail(env: ParallelEnv, message: str, status: int = 1) -> int:
     rank = f"rank {env.rank}: " if env.rank else ""
     print(f"adahop train: error: {rank}{message}", file=sys.stderr)
     return status
+
+
+def _fail_stalled(env: ParallelEnv, trainer: Trainer | None, cfg: TrainConfig) -> int:
+    """A collective waited ``training.timeout`` for a peer: the ranks that did not time out as
+    this one did are the stalled ones."""
+    mark_answering(env)
+    if not claim_failure():
+        return 1
+    silent = silent_ranks(env)
+    who = f"rank {', '.join(map(str, silent))}" if silent else "a rank"
+    print(
+        f"adahop train: error: {who} stalled: no answer within training.timeout={cfg.training.timeout:g} s "
+        f"(a stopped process, I/O that hangs, a wedged GPU); {_where(trainer, cfg)}",
+        file=sys.stderr,
+    )
+    return 1
 
 
 def _fail_unexpected(env: ParallelEnv, error: Exception, trainer: Trainer | None, cfg: TrainConfig) -> int:

@@ -104,6 +104,13 @@ class TrainingConfig:
     # checkpointing, votes paused), so calibration needs no more memory than a frozen step and a
     # telemetry step little more (after a CUDA-graph capture it allocates beside the graph's pool).
     recompute_pattern_steps: bool = True
+    # Seconds a collective waits for a stalled peer before the run stops naming it (joining and the
+    # first step wait at least 600 s: compile, tokenizer cache); torch's own default is 30 minutes.
+    timeout: float = 600.0
+    # On SIGTERM (Slurm, Kubernetes): finish the step, write a checkpoint and exit 143 (train.stopping);
+    # false: stop at once, as Ctrl-C. Past sigterm_grace seconds the run exits without that checkpoint.
+    sigterm_checkpoint: bool = True
+    sigterm_grace: float = 25.0
 
 
 @dataclass
@@ -202,6 +209,8 @@ _POSITIVE = (
     "logging.log_every",
     "logging.val_every",
     "logging.val_batches",
+    "training.timeout",
+    "training.sigterm_grace",
 )
 _NON_NEGATIVE = ("optim.weight_decay", "optim.warmup_steps", "optim.grad_clip", "training.pattern_telemetry_every")
 _SECTIONS = {f.name for f in dataclasses.fields(TrainConfig)} - {"out", "recipe"}

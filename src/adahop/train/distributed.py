@@ -15,14 +15,27 @@ the group then breaks the collectives its peers wait in (gloo notices at once), 
 quietly (:func:`claim_failure` returns False for them), so a failed run prints one message.
 An nccl collective does not notice a peer leaving; there torchrun, seeing a rank exit with an
 error, stops the others.
+
+A rank that stalls (stopped, stuck in I/O, a wedged GPU) leaves no error to notice: its peers
+wait in a collective until ``training.timeout`` (:func:`use_training_timeout`; joining the group
+and the first step get at least :data:`INIT_TIMEOUT_S`, as torchtitan's init and train
+timeouts). On gloo the waiting ranks then raise: each marks itself as answering in the store,
+and the one that reports names the ranks that did not (:func:`silent_ranks`). On nccl torch's
+watchdog ends the process and torchrun reports. Under torchrun a worker also dies with its
+launcher (:func:`die_with_launcher`), so a SIGKILLed torchrun leaves no orphans training on.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
+import signal
+import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -33,6 +46,9 @@ from ..nn import fsdp
 from .builders import resolve_device
 
 _FAILED_KEY = "adahop/failures"  # counts the ranks that stopped on an error
+_ANSWERED_KEY = "adahop/answered/{rank}"  # set by a rank whose collective timed out: it was not the one stalled
+INIT_TIMEOUT_S = 600.0  # the least timeout while joining and for the first step (tokenizer cache, compile)
+_PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
 class PeerFailedError(RuntimeError):
@@ -48,6 +64,7 @@ class ParallelEnv:
     world_size: int = 1
     local_rank: int = 0
     joined: bool = False  # in a process group (always with several ranks; on one with training.distributed)
+    timeout: float = 0.0  # seconds a collective waits for a peer (training.timeout), once training runs
 
     @property
     def distributed(self) -> bool:
@@ -66,10 +83,10 @@ def launch_rank() -> int:
 
 
 @contextlib.contextmanager
-def process_group(device: str = "auto", always: bool = False) -> Iterator[ParallelEnv]:
+def process_group(device: str = "auto", always: bool = False, timeout: float = INIT_TIMEOUT_S) -> Iterator[ParallelEnv]:
     """The run's :class:`ParallelEnv` for ``training.device``; under torchrun with
     ``WORLD_SIZE > 1`` (or any ``WORLD_SIZE`` when ``always``) the process group is joined for
-    the block and destroyed after it."""
+    the block and destroyed after it. ``timeout`` (seconds): see :func:`use_training_timeout`."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     resolved = resolve_device(device)
     if world_size == 1 and not always:
@@ -81,7 +98,9 @@ def process_group(device: str = "auto", always: bool = False) -> Iterator[Parall
             f"training.distributed needs a torchrun launch ({', '.join(missing)} not set): "
             "torchrun --standalone --nproc-per-node=N -m adahop train ..."
         )
+    die_with_launcher()
     rank, local_rank = launch_rank(), int(os.environ.get("LOCAL_RANK", "0"))
+    init_timeout = timedelta(seconds=max(timeout, INIT_TIMEOUT_S))
     if resolved.type == "cuda":
         if local_rank >= torch.cuda.device_count():
             raise ValueError(
@@ -90,13 +109,66 @@ def process_group(device: str = "auto", always: bool = False) -> Iterator[Parall
             )
         resolved = torch.device("cuda", local_rank)
         torch.cuda.set_device(resolved)
-        dist.init_process_group("nccl", device_id=resolved)
+        dist.init_process_group("nccl", device_id=resolved, timeout=init_timeout)
     else:
-        dist.init_process_group("gloo")
+        dist.init_process_group("gloo", timeout=init_timeout)
     try:
-        yield ParallelEnv(resolved, rank, world_size, local_rank, joined=True)
+        yield ParallelEnv(resolved, rank, world_size, local_rank, joined=True, timeout=timeout)
     finally:
         dist.destroy_process_group()
+
+
+def die_with_launcher() -> None:
+    """Under torchrun, have the kernel SIGKILL this worker when its launcher dies (Linux
+    ``PR_SET_PDEATHSIG``): a SIGKILLed torchrun must not leave workers that train on unseen."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
+        return
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() == 1:  # the launcher died before the line above
+        os._exit(128 + signal.SIGKILL)
+
+
+def use_training_timeout(env: ParallelEnv) -> None:
+    """From here on a collective waits ``env.timeout`` seconds for a peer, then fails (gloo) or
+    ends the process (nccl's watchdog). Called after the first step, whose collectives may wait
+    for a peer's compile or calibration."""
+    if env.distributed:
+        dist.distributed_c10d._set_pg_timeout(timedelta(seconds=env.timeout))
+
+
+def timed_out(error: BaseException) -> bool:
+    """Whether ``error`` is a collective that waited ``training.timeout`` for a peer (gloo's words)."""
+    return isinstance(error, RuntimeError) and "Timed out waiting" in str(error)
+
+
+def lost_peer(error: BaseException) -> bool:
+    """Whether ``error`` is a collective broken by a peer that exited (gloo's words)."""
+    text = str(error)
+    return isinstance(error, RuntimeError) and any(
+        words in text for words in ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+    )
+
+
+def mark_answering(env: ParallelEnv) -> None:
+    """This rank's collective timed out: record that this rank, at least, did not stall."""
+    with contextlib.suppress(RuntimeError, ValueError):
+        dist.distributed_c10d._get_default_store().set(_ANSWERED_KEY.format(rank=env.rank), "1")
+
+
+def silent_ranks(env: ParallelEnv) -> list[int]:
+    """The ranks that did not mark themselves answering (:func:`mark_answering`) within one
+    more ``env.timeout``: a stalled rank never does, a waiting one times out as this one did."""
+    store = dist.distributed_c10d._get_default_store()
+    deadline, silent = time.monotonic() + env.timeout, []
+    for rank in range(env.world_size):
+        if rank == env.rank:
+            continue
+        try:
+            left = max(deadline - time.monotonic(), 0.001)
+            store.wait([_ANSWERED_KEY.format(rank=rank)], timedelta(seconds=left))
+        except RuntimeError:  # not within the timeout (or the store is gone)
+            silent.append(rank)
+    return silent
 
 
 @contextlib.contextmanager

@@ -66,6 +66,7 @@ from .distributed import (
     gather_floats,
     main_rank_first,
     shard_model,
+    use_training_timeout,
 )
 from .graphs import GraphedMicroStep
 from .metrics import METRICS_FILE, PLOT_FILE, RESUME_KIND, MetricsLogger, PeakMemory, plot_losses, read_metrics
@@ -73,6 +74,7 @@ from .nonfinite import PendingSteps, StepFigures, step_unless_non_finite
 from .optim import apply_hyperparameters, build_lr_scheduler, build_optimizer
 from .rng import set_rng_state
 from .sharded_checkpoint import load_full, load_sharded, remove_partial_checkpoints, restore_rng, save_sharded
+from .stopping import StopRequest, Terminated
 from .telemetry import RECORD_KIND, calibrated_layers, drift_record, merge_over_ranks, sample_patterns
 
 log = logging.getLogger(__name__)
@@ -113,7 +115,8 @@ def use_deterministic_kernels() -> None:
 
 class Trainer:
     """Builds a run from a config (fresh, or resumed from its latest checkpoint) and trains it;
-    ``env`` (from ``distributed.process_group``) makes it one rank of a data-parallel run."""
+    ``env`` (from ``distributed.process_group``) makes it one rank of a data-parallel run;
+    ``stop`` (set by SIGTERM, see ``stopping``) ends it early at a step boundary, checkpointed."""
 
     def __init__(
         self,
@@ -123,9 +126,11 @@ class Trainer:
         progress: bool = True,
         env: ParallelEnv | None = None,
         accept_changed_data: bool = False,
+        stop: StopRequest | None = None,
     ) -> None:
         cfg.validate()
         self.env = env or ParallelEnv(resolve_device(cfg.training.device))
+        self.stop = stop or StopRequest()
         self.cfg, self.run_dir, self.progress = cfg, cfg.run_dir, progress and self.env.is_main
         self.device = self.env.device
         self._config_changes: list[str] = []  # a resume's applied changes, until recorded in metrics.jsonl
@@ -561,12 +566,18 @@ class Trainer:
         timed_steps, step_time, resumed = 0, 0.0, time.perf_counter()
         bar, phase = self._progress_bar(), self.phase
         records = MetricsLogger(self.run_dir, self.step) if self.env.is_main else contextlib.nullcontext()
+        started, saved = self.step, self.step  # a resumed run's checkpoint is at its first step
         try:
             with records as metrics:
                 if metrics is not None and self._config_changes:  # the config.toml it rewrote holds the new values
                     metrics.log(RESUME_KIND, self.step, changes=self._config_changes)
                     self._config_changes = []
                 while self.step < steps:
+                    if self.stop.stop_now(self.step, self.env):
+                        if self.step != saved:
+                            self._read_steps(pending)  # a non-finite step is reported, not saved
+                            self.save()
+                        raise Terminated(agreed=True)
                     lr = self.scheduler.get_last_lr()[0]
                     try:
                         pending.add(self.step + 1, lr, *self.train_step())
@@ -580,6 +591,8 @@ class Trainer:
                         raise self._non_finite(f"an operand of {which} holds NaN or Inf", self.step + 1, lr) from None
                     timed_steps += 1
                     self.step += 1
+                    if self.step == started + 1:  # past the first step, which may wait on a peer's setup
+                        use_training_timeout(self.env)
                     self._maybe_save_plan()
                     bar.update()
                     if self.phase != phase:  # frozen steps run at another speed: a new bar, a new ETA
@@ -606,6 +619,7 @@ class Trainer:
                         val_loss = self._validate(metrics)
                     if save_now:
                         self.save()
+                        saved = self.step
                     resumed = time.perf_counter()
         except BaseException:
             bar.close()
