@@ -88,6 +88,9 @@ APPLIED_KEYS = {
         "deterministic",
         "pattern_telemetry_every",
         "recompute_pattern_steps",
+        "timeout",  # how the run stops, not what it computes
+        "sigterm_checkpoint",
+        "sigterm_grace",
     )
 }
 
