@@ -4,8 +4,9 @@ With FSDP2 every rank holds a dim-0 shard of each weight (whole rows of W [out, 
 whole weight before the layer runs, and then quantizes it again on every rank. Here each rank
 quantizes its own rows once per gather into what the layer's GEMMs read, and FSDP2 gathers that:
 
-- the forward's W, blocked along ``in``: MX blocks and the inner Hadamard (IHT) run along each
-  row, so a shard of whole rows quantizes to exactly the rows of the whole weight's codes;
+- the forward's W in ``recipe.forward_fmt``: MX blocks along ``in``, or E4M3 with a scale per row
+  (``fp8_e4m3_rowwise``); both, and the inner Hadamard (IHT), run along each row, so a shard of
+  whole rows quantizes to exactly the rows of the whole weight's codes;
 - dgrad's Wᵀ, blocked along ``out``: exact when each rank's rows hold whole MX (and Hadamard)
   blocks, i.e. ``out / ranks`` is a multiple of 32; sent transposed so the ranks' pieces
   concatenate along dim 0 as FSDP2 gathers;
@@ -21,7 +22,8 @@ not hold whole blocks, and on a step whose pattern hooks read W (telemetry). The
 per layer at each forward's gather, from the layer's plan; backward's re-gather repeats it.
 
 Bytes per weight element per gather: BF16 2, MX FP4 with both orientations 2 x (1/2 + 1/32)
-= 1.06 (1.9x less), with ``weight_blocks="2d"`` 0.53 (3.8x less). ``benchmarks/distributed/``
+= 1.06 (1.9x less), with ``weight_blocks="2d"`` 0.53 (3.8x less), a row-wise FP8 forward with
+an MX FP4 Wᵀ 1.53 (1.3x less). ``benchmarks/distributed/``
 measures a model's bytes per step.
 
 Use: call :func:`low_precision_all_gather` on the model before ``fully_shard`` (the trainer does
@@ -41,6 +43,7 @@ from __future__ import annotations
 
 import logging
 import math
+
 import torch
 import torch.distributed as dist
 import torch.utils._pytree as pytree
