@@ -151,7 +151,12 @@ def report(args, results: dict, world: int, device: torch.device, out: Path) -> 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", default="tiny")
-    parser.add_argument("--steps", type=int, default=4, help="the last one is measured (after calibration)")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=4,
+        help="the last one is measured; at least calibration_steps + 2 (2 + 2 here), so the plans froze a step before",
+    )
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--seq", type=int, default=64)
     parser.add_argument("--param-dtype", default="bfloat16", choices=("bfloat16", "float32"))

@@ -53,7 +53,12 @@ class GatheredWeight(torch.Tensor):
         weight = args[0]
         if func in _ALIASES and (func is not torch.ops.aten.as_strided.default or tuple(args[1]) == weight.shape):
             return GatheredWeight(weight.operands, weight.shape, weight.dtype)
-        if func is torch.ops.aten._to_copy.default and kwargs.get("dtype") == weight.operands.source_dtype:
+        same_place = kwargs.get("device") in (None, weight.device) and kwargs.get("layout") in (None, torch.strided)
+        if (
+            func is torch.ops.aten._to_copy.default
+            and same_place
+            and kwargs.get("dtype") == weight.operands.source_dtype
+        ):
             # The forward's autocast cast: the operands were quantized from W in this dtype already.
             return GatheredWeight(weight.operands, weight.shape, weight.operands.source_dtype)
         raise RuntimeError(  # not TypeError: Python turns that into "unsupported operand" for t + 1
