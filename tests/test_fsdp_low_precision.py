@@ -212,3 +212,47 @@ def test_a_weight_gathered_quantized_is_read_only_by_the_gemms_it_was_made_for()
     for use in (lambda t: t + 1, lambda t: t.to(torch.float16), lambda t: t.sum()):
         with pytest.raises(RuntimeError, match="only AdaHOPLinear's GEMMs read it"):
             use(weight)
+
+
+@pytest.mark.parametrize(
+    "recipe",
+    [
+        {"name": "mxfp4"},
+        {"name": "mxfp4_hadamard"},
+        {"name": "mxfp4_hadamard", "hadamard_block_size": 64},
+        {"name": "mxfp4", "weight_blocks": "2d"},
+        {"name": "mxfp4_hadamard", "forward_fmt": "fp8_e4m3_rowwise"},
+    ],
+)
+def test_shards_of_whole_blocks_quantize_to_the_whole_weights_operands(recipe):
+    """The property the gather rests on: the ranks' pieces, concatenated along out, are the operands
+    the layer quantizes from the whole weight; with rows that split a block along out they are not."""
+    from adahop.gemm.operand import prepare_operand, prepare_weight_tiles
+    from adahop.nn import AdaHOPLinear
+    from adahop.nn.fsdp import QuantizedWeightGather
+
+    layer = AdaHOPLinear(64, 128, recipe=recipe)
+    w = torch.randn(128, 64, generator=torch.Generator().manual_seed(0)) * torch.logspace(-3, 3, 64)
+    gather, (act, _, saved) = QuantizedWeightGather(), layer._specs
+    if layer.recipe.weight_blocks == "2d":
+        expected = [op.quantized for op in prepare_weight_tiles(w, layer.plan.forward, layer.plan.dgrad, act)]
+    else:
+        expected = [
+            prepare_operand(w, layer.plan.forward, "R", act).quantized,
+            prepare_operand(w.t(), layer.plan.dgrad, "R", saved).quantized,
+        ]
+    whole_block = max(32, layer.recipe.hadamard_block_size if recipe["name"] == "mxfp4_hadamard" else 32)
+    for rows in (whole_block, whole_block // 2):
+        pieces = [gather.quantize(layer, shard) for shard in w.split(rows)]
+        layouts = pieces[0][1]
+        outputs = tuple(torch.cat(parts) for parts in zip(*(p[0] for p in pieces)))
+        forward, dgrad, _ = gather.assemble(outputs, layouts, w.shape[0])
+        equal = [
+            got.shape == want.shape
+            and all(torch.equal(a, b) for a, b in zip(vars(got).values(), vars(want).values()) if torch.is_tensor(a))
+            for got, want in zip((forward.quantized, dgrad.quantized), expected)
+        ]
+        if rows == whole_block:
+            assert gather.refusal(layer, rows) is None and equal == [True, True]
+        else:  # the forward's blocks still run along each row; dgrad's (or the tiles) straddle the pieces
+            assert gather.refusal(layer, rows) is not None and equal == [layer.recipe.weight_blocks == "1d", False]
