@@ -74,3 +74,17 @@ def test_plain_save_pretrained_of_a_converted_model_loads_too(tmp_path):
     transformers.LlamaForCausalLM.from_pretrained(tmp_path)  # reported as unexpected keys, not an error
     save_pretrained(model, tmp_path)  # still calibrating: no plan file
     assert not (tmp_path / PLAN_FILE).exists()
+
+
+def test_an_unconverted_model_saves_no_plan_and_loads_back_converted(tmp_path):
+    save_pretrained(tiny_llama(), tmp_path)
+    assert not (tmp_path / PLAN_FILE).exists()  # an empty plan would make from_pretrained fail
+    restored = from_pretrained(transformers.LlamaForCausalLM, tmp_path, RECIPE)
+    assert all(layer.calibrating for layer in restored.modules() if isinstance(layer, AdaHOPLinear))
+
+
+def test_a_plan_saved_under_another_recipe_is_refused_on_load(trained, tmp_path):
+    model, _, _ = trained  # adahop_lv2
+    save_pretrained(model, tmp_path)
+    with pytest.raises(ValueError, match="is not what recipe 'mxfp4' runs"):
+        from_pretrained(transformers.LlamaForCausalLM, tmp_path, "mxfp4")

@@ -154,7 +154,8 @@ def quantize_mx(
         scale_rule: ``"floor"`` (OCP), ``"ceil"``, ``"even"`` or ``"rceil"``; see
             :mod:`adahop.formats.scales`.
         rounding: ``"nearest"`` (ties to even) or ``"stochastic"`` (unbiased where the scale
-            rule does not clip; deterministic for a given ``seed``, default 0).
+            rule does not clip; deterministic for a given ``seed``, default 0). ``seed`` keys only
+            stochastic rounding; nearest rounding has no noise to key (callers pass one key per operand).
     """
     check_quantize_args(x, fmt, block_size, scale_rule, rounding, axis)
     axis = axis % x.dim()

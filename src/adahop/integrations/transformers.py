@@ -36,11 +36,13 @@ _EXTRA_STATE = "._extra_state"
 def save_pretrained(model: PreTrainedModel, path: str | Path, **kwargs: Any) -> None:
     """``model.save_pretrained(path)`` with exactly the unconverted model's keys, plus the
     frozen plan in ``path/adahop_plan.json``. While any layer is still calibrating there is no
-    complete plan: none is written (an older one is removed) and the loaded model calibrates again."""
+    complete plan, and an unconverted model has none: none is written (an older one is removed) and
+    the loaded model calibrates again."""
     state = {k: v for k, v in model.state_dict().items() if not k.endswith(_EXTRA_STATE)}
     model.save_pretrained(path, state_dict=state, **kwargs)
     plan_file = Path(path) / PLAN_FILE
-    if any(layer.calibrating for layer in adahop_layers(model).values()):
+    layers = adahop_layers(model).values()
+    if not layers or any(layer.calibrating for layer in layers):  # an unconverted model has no plan either
         plan_file.unlink(missing_ok=True)
     else:
         model_plan(model).save(plan_file)
