@@ -55,7 +55,9 @@ def variant_model(run_model: torch.nn.Module, cfg: TrainConfig, overrides: list,
     """The run's weights under the recipe ``overrides`` make; adaptive plans from the run's frozen patterns."""
     vcfg = apply_overrides(copy.deepcopy(cfg), overrides)
     model = build_model_from_config(vcfg, device)
-    model.load_state_dict(run_model.state_dict())
+    # The run's weights without its plans (each layer's _extra_state): the variant's recipe sets its own.
+    weights = {k: v for k, v in run_model.state_dict().items() if not k.endswith("_extra_state")}
+    model.load_state_dict(weights)
     frozen = adahop_layers(run_model)
     for name, layer in adahop_layers(model).items():
         recipe = layer.recipe
