@@ -75,3 +75,14 @@ def test_a_kept_layer_still_computes_as_before():
         convert_model(model, "bf16")
     with torch.no_grad():
         assert torch.equal(model(x), before)
+
+
+def test_an_exclude_pattern_that_matches_no_linear_layer_is_a_typo():
+    model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 128))
+    with pytest.raises(
+        ValueError, match=r"exclude pattern 'lm_haed' matches no linear layer; names look like \['0', '1'\]"
+    ):
+        convert_model(model, "mxfp4", exclude=["lm_haed"])
+    assert kinds(model) == {"0": "Linear", "1": "Linear"}  # nothing converted
+    convert_model(model, "mxfp4", exclude=["1"])
+    assert kinds(model) == {"0": "AdaHOPLinear", "1": "Linear"}

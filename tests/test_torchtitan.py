@@ -76,6 +76,8 @@ def test_converter_swaps_block_linears_and_keeps_the_lm_head():
     assert not any(type(c) is AdaHOPTitanLinear.Config for _, c, _, _ in small.model.traverse(Linear.Config))
     with pytest.raises(ValueError, match="unknown recipe"):
         AdaHOPConverter.Config(recipe="nope").build()
+    with pytest.raises(ValueError, match="exclude pattern 'w0' matches no linear layer"):
+        model_registry("debugmodel", converters=[AdaHOPConverter.Config(exclude=["w0"])])
 
 
 def test_converter_applies_convert_models_rule_and_names_the_layers_it_keeps():

@@ -117,7 +117,8 @@ def convert_model(
     warn_kept(kept)
     if not any(isinstance(m, nn.Linear) for _, m in candidates):
         warnings.warn(f"convert_model converted nothing: {type(model).__name__} has no nn.Linear", stacklevel=2)
-    check_patterns(recipe, [name for name, _ in converted + targets])
+    linears = [name for name, m in candidates if isinstance(m, nn.Linear)]
+    check_patterns(recipe, [name for name, _ in converted + targets], exclude, linears)
     for layer_id, (name, linear) in enumerate(targets, start=len(converted)):
         layer = AdaHOPLinear.from_linear(linear, recipe, layer_id, recipe.bf16_gemms_for(name))
         if root:
@@ -130,16 +131,22 @@ def convert_model(
     return model
 
 
-def check_patterns(recipe: Recipe, names: list[str]) -> None:
+def check_patterns(
+    recipe: Recipe, names: list[str], exclude: tuple[str, ...] | list[str] = (), linears: list[str] = ()
+) -> None:
     """A ``bf16_layers`` or ``bf16_gemms`` (ROLE@PATTERN) pattern that matches no converted layer
-    is a typo, not an ablation."""
-    checks = [(f"bf16_layers pattern {p!r}", p) for p in recipe.bf16_layers]
-    checks += [(f"bf16_gemms entry {e!r}", split_bf16_gemm(e)[1]) for e in recipe.bf16_gemms]
-    for what, pattern in checks:
-        if pattern is not None and not any(name_matches(name, (pattern,)) for name in names):
+    (``names``), or an ``exclude`` pattern that matches no linear layer (``linears``), is a typo, not
+    an ablation: the layer it meant would silently be converted."""
+    checks = [(f"recipe {recipe.name!r}: bf16_layers pattern {p!r}", p, names) for p in recipe.bf16_layers]
+    checks += [
+        (f"recipe {recipe.name!r}: bf16_gemms entry {e!r}", split_bf16_gemm(e)[1], names) for e in recipe.bf16_gemms
+    ]
+    checks += [(f"exclude pattern {p!r}", p, list(linears)) for p in exclude]
+    for what, pattern, pool in checks:
+        if pattern is not None and not any(name_matches(name, (pattern,)) for name in pool):
+            kind = "linear" if pool is not names else "converted"
             raise ValueError(
-                f"recipe {recipe.name!r}: {what} matches no converted layer; "
-                f"names look like {names[:3]} (fnmatch on the full name or its last part)"
+                f"{what} matches no {kind} layer; names look like {pool[:3]} (fnmatch on the full name or its last part)"
             )
 
 

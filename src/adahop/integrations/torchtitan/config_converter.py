@@ -70,7 +70,9 @@ class AdaHOPConverter(QuantizationConverter):
         c = self.config
         converted: list[str] = []
         kept: dict[str, str] = {}
+        linears: list[str] = []
         for fqn, linear, parent, attr in model_config.traverse(Linear.Config):
+            linears.append(fqn)
             subclass = None if type(linear) is Linear.Config else type(linear).__qualname__
             verdict = conversion_verdict(
                 fqn, linear.in_features, linear.out_features, self.recipe, c.exclude, c.min_features, subclass
@@ -93,5 +95,6 @@ class AdaHOPConverter(QuantizationConverter):
             else:
                 setattr(parent, attr, new)
         warn_kept(kept, "AdaHOPConverter")
-        check_patterns(self.recipe, converted)  # a bf16_layers / ROLE@PATTERN typo is an error, as in convert_model
+        # A bf16_layers / ROLE@PATTERN / exclude typo is an error, as in convert_model.
+        check_patterns(self.recipe, converted, c.exclude, linears)
         return model_config
