@@ -14,7 +14,8 @@
 #   CASE [llama3_1b_8x2048; DRY: tiny_2x32]   one step case (adahop bench --step-cases)
 #   RECIPES [bf16 float8_tensorwise float8_rowwise adahop_lv2 adahop_lv1_bf16_forward adahop_lv1_fp8_forward]
 #            recipe names; a name this checkout does not register is skipped with a line saying so
-#   MODE [fastest]   the mode of every recipe (eager, compile, graph, compile+graph, fastest)
+#   MODE [fastest]   the mode of every recipe (eager, compile, graph, compile+graph, fastest), or several,
+#                    comma-separated, each run for every recipe (the bench ranks them: e.g. "compile,compile+graph")
 #   TESTS [""]       pytest arguments run first through benchmarks/gpu-tests/run_gpu_tests.sh (e.g.
 #                    "tests/test_gpu_step.py tests/test_gpu_linear.py"), stopped after TESTS_LIMIT [240] s
 #   LIMIT [585]      seconds from the start by which everything is done (the call has 600)
@@ -62,7 +63,7 @@ mode, names = sys.argv[1], sys.argv[2:]
 for name in names:
     if name not in RECIPES:
         print(f"skipped: {name} is not a recipe of this checkout (known: {', '.join(RECIPES)})", file=sys.stderr)
-print(",".join(f"{n}/{mode}" for n in names if n in RECIPES))
+print(",".join(f"{n}/{m}" for n in names if n in RECIPES for m in mode.split(",")))
 PY
 )
 [ -n "$RUNS" ] || { say "FAILED: none of [$RECIPES] is a recipe of this checkout"; exit 1; }
@@ -81,7 +82,7 @@ timeout -k 10 "$left" python3 -m adahop bench --only step "${DRY_ARG[@]}" --step
   --out "$WORK/bench" > "$OUT/bench.log" 2>&1
 status=$?
 echo "bench exit status $status (124: cut by the limit; bench.partial.json holds the runs that ended)"
-grep -E "tok/s|failed|: (RuntimeError|ValueError)" "$OUT/bench.log" | grep -v Warning | cut -c1-240
+grep -E "^  $CASE " "$OUT/bench.log" | cut -c1-240  # one line per run as it ended
 for f in bench.json bench.md; do [ -f "$WORK/$f" ] && cp "$WORK/$f" "$OUT/"; done
 [ "$status" != 0 ] && [ -f "$WORK/bench.partial.json" ] && cp "$WORK/bench.partial.json" "$OUT/"
 [ -f "$OUT/bench.md" ] && sed -n '/^Training steps/,$p' "$OUT/bench.md"

@@ -7,6 +7,7 @@
 #
 # Run from the repository root on the GPU machine, carrying .whl (the bench imports torchao when
 # it can; nothing here needs it):   OUT=/some/dir bash benchmarks/step/trainer_vs_bench_h200.sh
+# The trainer runs at the vocabulary the bench uses, the preset's (128,256 since 2026-12-05).
 # Overrides: STEPS (60), SKIP (20), BATCH (4).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -28,7 +29,7 @@ train() {  # recipe, then extra arguments
   local recipe=$1; shift
   say "train $recipe $*"
   python3 -m adahop.cli train --model llama3_1b --recipe "$recipe" --out "/tmp/tvb-$recipe" \
-    --data.seq_len=2048 --data.batch_size="$BATCH" --data.vocab_size=32768 --training.steps="$STEPS" \
+    --data.seq_len=2048 --data.batch_size="$BATCH" --data.vocab_size=128256 --training.steps="$STEPS" \
     --training.grad_accum=1 --training.device=cuda --training.compile=true \
     --checkpoint.interval=1000000 --logging.log_every=5 --logging.val_every=1000000 --logging.val_batches=1 \
     "$@" > "$OUT/train-$recipe.log" 2>&1
