@@ -313,6 +313,13 @@ def low_precision_all_gather(model: nn.Module, world_size: int | None = None) ->
     return wrapped
 
 
+def low_precision_weights(model: nn.Module) -> int:
+    """How many of ``model``'s parameters are wrapped for the low-precision all-gather."""
+    return sum(
+        isinstance(p._local_tensor if isinstance(p, DTensor) else p, LowPrecisionShard) for p in model.parameters()
+    )
+
+
 def gathered_format(layer: AdaHOPLinear) -> str:
     """The name of the format ``layer``'s weight was last gathered in ("bf16": high precision)."""
     key = getattr(layer, "_gathered_as", None)

@@ -215,7 +215,8 @@ def shard_model(model: nn.Module, device: torch.device, low_precision_all_gather
 
 def describe_sharding(model: nn.Module) -> str:
     """The process group and the precision each FSDP2 unit of ``model`` holds (read back from
-    FSDP's own state, not from the policy asked for), for the run's log."""
+    FSDP's own state, not from the policy asked for), and how many weights the low-precision
+    all-gather serves, for the run's log."""
     policies = {}
     for module in model.modules():
         state = module._get_fsdp_state() if hasattr(module, "_get_fsdp_state") else None
@@ -228,7 +229,11 @@ def describe_sharding(model: nn.Module) -> str:
         f"{n} units with params {name(p)}, reduce {name(r)}" + (f", output {name(o)}" if o is not None else "")
         for (p, r, o), n in policies.items()
     )
-    return f"backend {dist.get_backend()}, {dist.get_world_size()} ranks, FSDP2 MixedPrecisionPolicy: {units or 'no FSDP units'}"
+    low = fsdp.low_precision_weights(model)
+    gathers = (
+        f"; {low} AdaHOPLinear weights gathered as their quantized GEMM operands where the plan allows" if low else ""
+    )
+    return f"backend {dist.get_backend()}, {dist.get_world_size()} ranks, FSDP2 MixedPrecisionPolicy: {units or 'no FSDP units'}{gathers}"
 
 
 def all_ranks_mean(value: torch.Tensor) -> torch.Tensor:
