@@ -207,3 +207,20 @@ def test_config_changes_name_changed_values_and_not_fields_the_checkpoint_predat
     saved = {"training": {"steps": 100, "seed": 0}, "out": "a"}
     current = {"training": {"steps": 200, "seed": 0, "recompute_pattern_steps": True}, "out": "b"}
     assert config_changes(saved, current) == ["training.steps 100 -> 200"]
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_a_distributed_checkpoint_of_the_pickled_format_is_named_not_set_aside(tmp_path):
+    """Format 1 stored pickled blobs (DCP unpickles those without ``weights_only``): refused in one
+    line, and kept where it is, since it is not damaged."""
+    import io
+
+    import torch.distributed.checkpoint as dcp
+
+    from adahop.train.checkpoint import newest_readable
+
+    path = tmp_path / "checkpoints" / "step_0000002"
+    dcp.save({"train": io.BytesIO(b"pickled")}, checkpoint_id=path, no_dist=True)
+    with pytest.raises(CheckpointError, match=f"{path}: a distributed checkpoint of format 1 \\(pickled state\\)"):
+        newest_readable(tmp_path)
+    assert path.is_dir()

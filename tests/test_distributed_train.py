@@ -233,15 +233,19 @@ def stalled(small_overrides, tmp_path_factory):
     return root / "run", result
 
 
-def rank_states(checkpoint: Path) -> list[dict]:
-    """The per-rank entries of a sharded checkpoint (data position, generators, layer plans)."""
-    import io
+def rank_states(checkpoint: Path, tmp_path: Path) -> list[dict]:
+    """The per-rank entries of a sharded checkpoint (data position, generators, layer plans), read
+    as a user would: DCP's own conversion to one torch.save file, loaded with ``weights_only``
+    (nothing in it is pickled: every entry is a tensor)."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-    import torch.distributed.checkpoint as dcp
+    from adahop.train.sharded_checkpoint import from_tensors
 
-    state = {"ranks": {str(r): io.BytesIO() for r in range(WORLD)}}
-    dcp.load(state, checkpoint_id=checkpoint, no_dist=True)
-    return [torch.load(io.BytesIO(state["ranks"][str(r)].getvalue()), weights_only=True) for r in range(WORLD)]
+    whole = tmp_path / "whole.pt"
+    dcp_to_torch_save(checkpoint, whole)
+    state = torch.load(whole, weights_only=True)
+    assert from_tensors(state["train"])["step"] == int(checkpoint.name.removeprefix("step_"))
+    return [from_tensors(state["ranks"][str(r)]) for r in range(WORLD)]
 
 
 def test_two_ranks_train_like_one_process_on_the_same_global_batch(runs):
@@ -270,13 +274,13 @@ def test_two_ranks_train_like_one_process_on_the_same_global_batch(runs):
     assert (two / "checkpoints" / "step_0000004" / ".metadata").is_file()
 
 
-def test_ranks_freeze_one_plan_from_merged_votes_and_save_it_once(runs):
+def test_ranks_freeze_one_plan_from_merged_votes_and_save_it_once(runs, tmp_path):
     root, results = runs
     (_, err0), (_, err1) = results[1]
     run = root / "straight"
     assert err0.count("strategy plan frozen") == 1 and "strategy plan frozen" not in err1
     saved = ModelPlan.load(run / "plan.json").to_json()
-    for state in rank_states(run / "checkpoints" / "step_0000006"):
+    for state in rank_states(run / "checkpoints" / "step_0000006", tmp_path):
         plans = {name: decode_state(layer)[0] for name, layer in state["layers"].items()}
         assert ModelPlan(plans).to_json() == saved
     model = build_model_from_config(load_config(run / "config.toml"))  # what `adahop analyze` does

@@ -26,6 +26,7 @@ module reads either (:func:`read_any`, :func:`newest_readable`, :func:`load_chec
 
 from __future__ import annotations
 
+import json
 import logging
 import pickle
 import zipfile
@@ -206,10 +207,16 @@ def newest_readable(run_dir: Path, verify: bool = True) -> tuple[Path, dict[str,
     )
 
 
+def _plain(config: dict[str, Any]) -> dict[str, Any]:
+    """A config as JSON holds it (tuples as lists), as a sharded checkpoint stores it."""
+    return json.loads(json.dumps(config))
+
+
 def check_matches(path: Path, saved: dict[str, Any], current: dict[str, Any]) -> None:
     """Raise if the checkpoint's model, recipe, data or seed differs from the current config's.
     Recipe fields added since the checkpoint was written count as their defaults."""
-    saved = {**saved, "recipe": Recipe.from_dict(saved["recipe"]).to_dict()}
+    saved, current = _plain(saved), _plain(current)
+    saved = {**saved, "recipe": _plain(Recipe.from_dict(saved["recipe"]).to_dict())}
     for section in MATCHING_SECTIONS:
         if saved[section] != current[section]:
             diff = sorted(
@@ -233,6 +240,7 @@ def check_matches(path: Path, saved: dict[str, Any], current: dict[str, Any]) ->
 def config_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """``"key old -> new"`` for each config value that differs from the checkpoint's (``out``
     aside: a run directory may move; a field the checkpoint predates is not a change)."""
+    saved, current = _plain(saved), _plain(current)
     return [
         f"{section}.{key} {saved[section][key]!r} -> {value!r}"
         for section, fields in current.items()

@@ -25,6 +25,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if state["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-    random.setstate(state["python"])
+    version, internal, gauss = state["python"]  # lists, when read back from JSON (sharded checkpoints)
+    random.setstate((version, tuple(internal), gauss))
     kind, key, pos, has_gauss, gauss = state["numpy"]
     np.random.set_state((kind, np.asarray(key, dtype=np.uint32), pos, has_gauss, gauss))

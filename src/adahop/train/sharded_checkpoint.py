@@ -26,7 +26,7 @@ of ranks it continues bit for bit (on CPU).
 
 from __future__ import annotations
 
-import io
+import json
 import re
 import shutil
 import warnings
@@ -55,25 +55,59 @@ from .checkpoint_files import (
 )
 from .rng import rng_state, set_rng_state
 
-SHARDED_FORMAT = 1
+SHARDED_FORMAT = 2  # 1 stored pickled blobs
+_TENSOR = "__tensor__"  # in _as_tensors's JSON: the number of a tensor item
 _EXTRA_STATE = "_extra_state"  # AdaHOP layers' plan and votes: saved per rank, not as model state
 _PARTIAL = re.compile(r"^\.step_\d+\.(tmp|old)$")
 _RANK_FILE = re.compile(r"^__(\d+)_\d+\.distcp$")  # the data files DCP's file system writer names per rank
 
 
-def _blob(obj: Any) -> io.BytesIO:
-    """``obj`` as one DCP item: DCP stores a BytesIO's bytes as they are (and reads them back
-    into the BytesIO given to ``dcp.load``)."""
-    buffer = io.BytesIO()
-    torch.save(obj, buffer)
-    buffer.seek(0)
-    return buffer
+def _as_tensors(obj: Any) -> dict[str, torch.Tensor]:
+    """``obj`` (plain containers, numbers, strings, tensors) as DCP items that are all tensors: its
+    tensors by number and the rest as JSON in a uint8 tensor. Nothing in a checkpoint is pickled,
+    so DCP reads it with ``weights_only`` and ``dcp_to_torch_save``'s file loads with it."""
+    tensors: list[torch.Tensor] = []
+
+    def strip(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            tensors.append(x)
+            return {_TENSOR: len(tensors) - 1}
+        if isinstance(x, dict):
+            return {k: strip(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [strip(v) for v in x]
+        return x
+
+    text = json.dumps(strip(obj)).encode()
+    return {"json": torch.frombuffer(bytearray(text), dtype=torch.uint8), **{str(i): t for i, t in enumerate(tensors)}}
 
 
-def _unblob(buffer: io.BytesIO) -> Any:
-    """What :func:`_blob` stored: plain containers and tensors only, so ``weights_only``."""
-    buffer.seek(0)
-    return torch.load(buffer, weights_only=True)
+def from_tensors(items: dict[str, torch.Tensor]) -> Any:
+    """What :func:`_as_tensors` stored (tuples come back as lists)."""
+
+    def fill(x: Any) -> Any:
+        if isinstance(x, dict):
+            return items[str(x[_TENSOR])] if x.keys() == {_TENSOR} else {k: fill(v) for k, v in x.items()}
+        if isinstance(x, list):
+            return [fill(v) for v in x]
+        return x
+
+    return fill(json.loads(items["json"].numpy().tobytes()))
+
+
+def _holds_item(path: Path, fqn: str) -> bool:
+    return fqn in dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+
+
+def _empty_items(path: Path, prefix: str) -> dict[str, torch.Tensor]:
+    """Tensors of the saved shapes and dtypes for the items under ``prefix`` (``train``,
+    ``ranks.R``): :func:`_as_tensors`'s items vary in size, and DCP loads into given tensors."""
+    metadata = dcp.FileSystemReader(path).read_metadata()
+    return {
+        fqn.removeprefix(f"{prefix}."): torch.empty(md.size, dtype=md.properties.dtype)
+        for fqn, md in metadata.state_dict_metadata.items()
+        if fqn.startswith(f"{prefix}.")
+    }
 
 
 def _load(state: dict[str, Any], path: Path, **kwargs: Any) -> None:
@@ -134,8 +168,8 @@ def save_sharded(
     state = {
         "model": model_state,
         "optimizer": optim_state,
-        "train": _blob(train),
-        "ranks": {str(rank): _blob({"data": loader.state_dict(), "rng": rng_state(), "layers": layers})},
+        "train": _as_tensors(train),
+        "ranks": {str(rank): _as_tensors({"data": loader.state_dict(), "rng": rng_state(), "layers": layers})},
     }
     tmp = path.with_name(f".{path.name}.tmp")
     if rank == 0:
@@ -192,10 +226,18 @@ def read_sharded(path: Path, verify: bool = True) -> dict[str, Any]:
         verify_checksums(path)
         if not (path / CHECKSUM_FILE).exists():
             _check_sizes(path)
-    state = {"train": io.BytesIO()}
     try:
+        items = _empty_items(path, "train")
+        if not items and _holds_item(path, "train"):
+            raise CheckpointError(
+                f"{path}: a distributed checkpoint of format 1 (pickled state), which this adahop does not "
+                "read; resume it with the adahop that wrote it, or start a new run with another --out"
+            )
+        state = {"train": items}
         _load(state, path, no_dist=True)
-        train = _unblob(state["train"])
+        train = from_tensors(state["train"])
+    except CheckpointError:
+        raise
     except (Exception, CheckpointException) as e:  # no metadata, truncated shards, foreign files: all unreadable
         reason = _failure(e) if isinstance(e, CheckpointException) else f"{type(e).__name__}: {e}".splitlines()[0]
         raise UnreadableCheckpointError(f"{path}: not a readable distributed checkpoint ({reason})") from None
@@ -237,7 +279,7 @@ def load_sharded(
     model_state, optim_state = _model_state(model, optimizer)
     state = {
         "model": model_state,
-        "ranks": {str(r): io.BytesIO() for r in range(saved_world)},
+        "ranks": {str(r): _empty_items(path, f"ranks.{r}") for r in range(saved_world)},
     }  # same keys on every rank
     if optimizer is not None:
         state["optimizer"] = optim_state
@@ -249,7 +291,7 @@ def load_sharded(
         raise CheckpointError(f"{path}: its model or optimizer state does not fit this run ({_failure(e)})") from None
     except (KeyError, RuntimeError, ValueError) as e:
         raise CheckpointError(f"{path}: its model or optimizer state does not fit this run: {e}") from None
-    own = _unblob(state["ranks"][str(rank % saved_world)])
+    own = from_tensors(state["ranks"][str(rank % saved_world)])
     for name, layer in adahop_layers(model).items():
         layer.set_extra_state(own["layers"][name])
     if loader is not None:
