@@ -399,7 +399,7 @@ def print_recipe_table(rows: list[dict], console: Console) -> None:
         for i, col in enumerate(RECIPE_HEAD)
         if col != "std at a seed" or any(r.get("same_seed_std") is not None for r in rows)
     ]
-    table = Table(title=f"by recipe across seeds (inside the noise: |gap| < {NOISE_SIGMAS:g} s.e.)")
+    table = Table(title=f"by recipe across seeds (inside the noise: |gap| < {NOISE_SIGMAS:g} s.e. or p > {P_LIMIT:g})")
     for i in keep:
         col = RECIPE_HEAD[i]
         table.add_column(col, justify="right" if col in ("n",) or "±" in col else "left", overflow="fold")

@@ -37,6 +37,7 @@ INPUT_BYTES = 2  # the quantizers read BF16 (autocast)
 SCALE_BYTES_PER_ROW = 8  # a folded row's float32 scale and int32 count of underflowed elements
 SCORE_BYTES = 4  # a float32 outlier score per stored row, when the pass records scores
 MX_BLOCK = 32
+LAUNCH_BOUND_MS = 0.05  # below this a family's floor is a launch's latency, not its bytes: no "x floor"
 
 QUANTIZE_FOLD = "quantize-fold rows"
 QUANTIZE_FP8 = "quantize FP8 rows"
@@ -218,7 +219,7 @@ def roofline(result: dict, copy_gb_per_s: float) -> dict | None:
             "ms": prof["ms"],
             "tb_per_s": model.bytes / prof["ms"] / 1e9 if prof["ms"] else None,
             "floor_ms": floor_ms,
-            "x_floor": prof["ms"] / floor_ms if floor_ms else None,
+            "x_floor": prof["ms"] / floor_ms if floor_ms >= LAUNCH_BOUND_MS else None,
         }
     total_bytes = sum(p.bytes for p in passes.values())
     total_ms = sum(r["ms"] for r in rows.values())
