@@ -101,7 +101,8 @@ class Case:
 # A run takes 40-90 s (process start, model, calibration, compilation, ~25 steps), so one 10-minute
 # machine call takes one case (``--step-cases``); any recipe and mode can be named with --step-runs.
 _PEER_RUNS = tuple((r, FASTEST) for r in ("bf16", "float8_tensorwise", "float8_rowwise"))
-_ADAHOP_RUNS = ((HEADLINE_RECIPE, FASTEST), (DEFAULT_RECIPE, FASTEST))
+FP8_FORWARD_RECIPE = "adahop_lv1_fp8_forward"  # issue 31's candidate: the forward in E4M3, lv1's backward
+_ADAHOP_RUNS = ((HEADLINE_RECIPE, FASTEST), (DEFAULT_RECIPE, FASTEST), (FP8_FORWARD_RECIPE, FASTEST))
 CASES = (
     Case("llama3_1b", 8, _PEER_RUNS + _ADAHOP_RUNS),
     Case("llama3_3b", 4, _PEER_RUNS + _ADAHOP_RUNS),
@@ -488,15 +489,11 @@ def run(cases: tuple[Case, ...] = CASES, partial: Path | None = None, settings: 
     return results
 
 
-def _known_cases(cases: tuple[Case, ...]) -> dict[str, Case]:
-    return {c.key: c for c in cases}
-
-
 def select_cases(keys: list[str], runs: list[str] | None = None, cases: tuple[Case, ...] = CASES) -> tuple[Case, ...]:
     """The cases named by ``keys`` (``Case.key``; all when empty), in the order given. With
     ``runs``, each runs exactly those named: "recipe/mode" in every case, "CASE:recipe/mode" in
     one (mode one of ``MODES`` or ``fastest``); otherwise its default runs."""
-    known = _known_cases(cases)
+    known = {c.key: c for c in cases}
     unknown = [k for k in keys if k not in known]
     if unknown:
         raise ValueError(f"unknown step cases {unknown}; choose from {sorted(known)}")
