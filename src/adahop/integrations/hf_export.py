@@ -153,7 +153,10 @@ def describe(report: dict[str, Any], out: str) -> str:
         f"as trained {loss['as_trained']:.4f}, exported {loss['exported']:.4f} (gap {report['loss_gap']:+.4f})",
     ]
     if report["forward"] == "bf16":
-        lines.append("the trained forward ran in BF16: the exported model computes it (same logits)")
+        lines.append(
+            "the trained forward ran in BF16: the exported model computes the same forward "
+            "(bit for bit in float32 on the CPU; under CUDA autocast, to BF16 rounding)"
+        )
     else:
         lines.append(
             f"{report['quantized_forward_layers']} layers ran a quantized forward: the exported model is their "
