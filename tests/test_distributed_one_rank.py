@@ -93,8 +93,8 @@ def test_adahop_train_on_one_process_through_fsdp2(torchrun_one, small_overrides
     assert (
         "distributed: backend gloo, 1 ranks, FSDP2 MixedPrecisionPolicy: 3 units with params as stored" in caplog.text
     )
-    # 2 blocks of 7 AdaHOPLinear layers (training.fsdp_low_precision_all_gather is on by default)
-    assert "; 14 AdaHOPLinear weights gathered as their quantized GEMM operands where the plan allows" in caplog.text
+    # One rank gathers nothing (FSDP2 copies its shard), so the low-precision all-gather stays off.
+    assert "gathered as their quantized GEMM operands" not in caplog.text
     checkpoints = sorted((out / "checkpoints").iterdir())
     assert [p.name for p in checkpoints] == ["step_0000002", "step_0000004"] and all(p.is_dir() for p in checkpoints)
     assert "distributed = true" in (out / "config.toml").read_text()

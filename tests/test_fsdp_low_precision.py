@@ -34,12 +34,14 @@ RECIPES = {
     "checkpointed": {"name": "mxfp4_hadamard"},
     "telemetry": {"name": "mxfp4_hadamard"},
     "ragged": {"name": "mxfp4_hadamard"},
+    "meta": {"name": "mxfp4_hadamard"},
 }
 # Cases that also run differently (named after how): CPU bf16 autocast (W quantized from its bf16 cast); layer 0
 # under activation checkpointing (backward's re-gather serves the recomputed forward); pattern hooks
 # on step 2 (they read W, so it is gathered whole; one FSDP unit, so W is whole when they run);
-# ragged shapes (48 and 16 rows per rank: not whole MX blocks along out).
-OPTIONS = ("autocast", "checkpointed", "telemetry", "ragged")
+# ragged shapes (48 and 16 rows per rank: not whole MX blocks along out); built on the meta device,
+# sharded, then materialized and initialized (torchtitan's order).
+OPTIONS = ("autocast", "checkpointed", "telemetry", "ragged", "meta")
 
 
 def make_model(recipe: dict, ragged: bool = False) -> nn.Module:
@@ -64,7 +66,8 @@ def train(rank: int, name: str, low_precision: bool, checkpoint: str) -> dict:
     from adahop.train.telemetry import sample_patterns
 
     recipe, option = RECIPES[name], name if name in OPTIONS else None
-    model = make_model(recipe, ragged=option == "ragged")
+    with torch.device("meta" if option == "meta" else "cpu"):
+        model = make_model(recipe, ragged=option == "ragged")
     if low_precision:
         assert low_precision_all_gather(model) == ["0", "2"]
     layers = adahop_layers(model)
@@ -74,7 +77,12 @@ def train(rank: int, name: str, low_precision: bool, checkpoint: str) -> dict:
         for layer in (model[0], model[2]):
             fully_shard(layer)
     fully_shard(model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    if option == "meta":
+        model.to_empty(device="cpu")
+        torch.manual_seed(0)
+        for layer in layers.values():
+            layer.reset_parameters()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=True)
     torch.manual_seed(1)  # the stochastic-rounding keys
     losses, formats = [], []
     after = recipe.get("bf16_forward_after")
@@ -157,7 +165,8 @@ def test_quantized_gather_is_used_where_the_plan_allows(ranks):
     assert formats["iht"] == [["quantized", "quantized"]] * STEPS
     assert formats["2d"] == [["quantized", "quantized"]] * STEPS
     assert formats["sr"] == [["bf16", "bf16"]] * STEPS  # noise keyed by place in the whole weight
-    assert formats["autocast"] == formats["checkpointed"] == [["quantized", "quantized"]] * STEPS
+    for name in ("autocast", "checkpointed", "meta"):
+        assert formats[name] == [["quantized", "quantized"]] * STEPS, name
     assert formats["telemetry"] == [["quantized", "quantized"]] * 2 + [["bf16", "bf16"]] + [["quantized", "quantized"]]
     assert formats["ragged"] == [["bf16", "bf16"]] * STEPS
     assert formats["late"] == [["quantized", "quantized"]] * 2 + [["bf16", "bf16"]] * 2  # a BF16 forward reads W whole

@@ -250,6 +250,8 @@ class LowPrecisionShard(torch.Tensor):
                 f"(FSDP2 Shard(0), {outer_size[0]} divisible by {ranks}); this rank holds {tuple(self.shape)}"
             )
         param_dtype = mp_policy.param_dtype or self.dtype
+        if ranks == 1:  # FSDP2 copies one rank's single input without gathering: nothing to save
+            return (self._tensor.to(param_dtype),), None
         if torch._C._current_graph_task_id() != -1 and hasattr(module, "_gathered_as"):
             key = module._gathered_as  # backward's re-gather serves the forward it recomputes, if any
         else:
@@ -297,8 +299,11 @@ def low_precision_all_gather(model: nn.Module, world_size: int | None = None) ->
     operands. Call before ``fully_shard`` and before building the optimizer. ``world_size``:
     the ranks FSDP2 shards over (default: the process group's); a weight whose rows do not
     split evenly over them keeps the high-precision gather. Returns the names of the layers
-    whose weights are gathered this way (each per step as its plan allows)."""
+    whose weights are gathered this way (each per step as its plan allows); none on one rank."""
     ranks = world_size or dist.get_world_size()
+    if ranks == 1:
+        log.info("FSDP2 on one rank gathers nothing: the low-precision all-gather stays off")
+        return []
     wrapped = []
     for name, layer in adahop_layers(model).items():
         weight = layer.weight
