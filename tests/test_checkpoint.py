@@ -224,3 +224,19 @@ def test_a_distributed_checkpoint_of_the_pickled_format_is_named_not_set_aside(t
     with pytest.raises(CheckpointError, match=f"{path}: a distributed checkpoint of format 1 \\(pickled state\\)"):
         newest_readable(tmp_path)
     assert path.is_dir()
+
+
+def test_a_writer_failure_that_lost_its_oserror_says_so_and_how_much_space_is_left(tmp_path):
+    """DCP gathers a rank's failure to the others by pickling, which drops the ``OSError`` that
+    ``torch.save``'s RuntimeError hides: an EIO then, naming the file and the free space."""
+    from adahop.train.checkpoint_files import write_failure
+
+    path = tmp_path / "checkpoints" / "step_0000004"
+    error = write_failure(RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598"), path)
+    assert (error.errno, error.filename) == (errno.EIO, str(path))
+    assert error.strerror.startswith("the checkpoint writer failed (RuntimeError: [enforce fail at inline_container")
+    assert error.strerror.endswith(" MiB free on its file system")
+    try:
+        raise RuntimeError("unexpected pos") from OSError(errno.EDQUOT, "Disk quota exceeded")
+    except RuntimeError as e:
+        assert (write_failure(e, path).errno, write_failure(e, path).strerror) == (errno.EDQUOT, "Disk quota exceeded")

@@ -8,6 +8,11 @@ ordered by step. Each carries SHA-256 checksums of its bytes in ``sha256sum`` fo
 in its own ``checksums.sha256``. A checkpoint whose bytes no longer match is unreadable: a
 resumed run sets it aside (renamed to ``*.corrupt``, never deleted) and takes the one before.
 A checkpoint written before checksums existed is read unverified.
+
+Why two formats and not DCP for one process too (as torchtitan does): one ``torch.save`` file
+resumes bit for bit and loads anywhere with ``torch.load(weights_only=True)``, with nothing to
+gain from sharding; what the formats must agree on (this module, and ``checkpoint.newest_readable``
+for the fallback) exists once.
 """
 
 from __future__ import annotations
