@@ -508,4 +508,11 @@ def folded_matmul(
         from .kernels.gemm import fold_fp8_matmul
 
         return fold_fp8_matmul(a, b, out_dtype, fast_accum)
-    return (a.dequantize() @ b.dequantize().T).to(out_dtype)
+    return output_as(a.dequantize() @ b.dequantize().T, out_dtype)
+
+
+def output_as(out: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``out`` in ``dtype``, never as an alias of itself: with torch 2.11 a custom autograd Function
+    whose forward returns ``t.to(t.dtype)`` (an alias) gets zero incoming gradients under
+    ``torch.compile`` (seen on the H200's torch; 2.13 is fine)."""
+    return out if out.dtype == dtype else out.to(dtype)

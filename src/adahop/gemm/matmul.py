@@ -26,7 +26,7 @@ def _main_product(
         return ops.folded_matmul(lq, rq, out_dtype, fast_accum=fast_accum)
     if isinstance(lq, MXTensor):
         return ops.mx_matmul(lq, rq, out_dtype, fast_accum=fast_accum)
-    return (lq.float() @ rq.float().T).to(out_dtype)  # transform-only ablation (fmt=None)
+    return ops.output_as(lq.float() @ rq.float().T, out_dtype)  # transform-only ablation (fmt=None)
 
 
 def tn_matmul(l: GemmOperand, r: GemmOperand, out_dtype: torch.dtype, *, fast_accum: bool = True) -> torch.Tensor:
