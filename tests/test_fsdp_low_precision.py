@@ -35,13 +35,15 @@ RECIPES = {
     "telemetry": {"name": "mxfp4_hadamard"},
     "ragged": {"name": "mxfp4_hadamard"},
     "meta": {"name": "mxfp4_hadamard"},
+    "accumulated": {"name": "adahop_lv2", "calibration_steps": 2},
 }
 # Cases that also run differently (named after how): CPU bf16 autocast (W quantized from its bf16 cast); layer 0
 # under activation checkpointing (backward's re-gather serves the recomputed forward); pattern hooks
 # on step 2 (they read W, so it is gathered whole; one FSDP unit, so W is whole when they run);
 # ragged shapes (48 and 16 rows per rank: not whole MX blocks along out); built on the meta device,
-# sharded, then materialized and initialized (torchtitan's order).
-OPTIONS = ("autocast", "checkpointed", "telemetry", "ragged", "meta")
+# sharded, then materialized and initialized (torchtitan's order); two micro-batches a step, the
+# first without gradient sync (the freeze in step 1's first switches the gather before its second).
+OPTIONS = ("autocast", "checkpointed", "telemetry", "ragged", "meta", "accumulated")
 
 
 def make_model(recipe: dict, ragged: bool = False) -> nn.Module:
@@ -90,9 +92,12 @@ def train(rank: int, name: str, low_precision: bool, checkpoint: str) -> dict:
         if after is not None and step == int(after * STEPS):  # as the trainer switches
             set_bf16_forward(model)
         observed = sample_patterns(layers) if option == "telemetry" and step == 2 else contextlib.nullcontext()
-        with observed, torch.autocast("cpu", dtype=torch.bfloat16, enabled=option == "autocast"):
-            loss = model(batch(step, rank)).float().mean()
-        loss.backward()
+        micro_batches = batch(step, rank).chunk(2) if option == "accumulated" else [batch(step, rank)]
+        for i, micro_batch in enumerate(micro_batches):
+            model.set_requires_gradient_sync(i == len(micro_batches) - 1)
+            with observed, torch.autocast("cpu", dtype=torch.bfloat16, enabled=option == "autocast"):
+                loss = model(micro_batch).float().mean()
+            loss.backward()
         optimizer.step()
         optimizer.zero_grad()
         losses.append(loss.detach())
@@ -175,6 +180,7 @@ def test_quantized_gather_is_used_where_the_plan_allows(ranks):
     # plain FP8 forward.
     for name in ("lv2", "lv1"):
         assert formats[name] == [["bf16", "bf16"]] * 3 + [["quantized", "bf16"]], name
+    assert formats["accumulated"] == [["bf16", "bf16"]] + [["quantized", "bf16"]] * 3
     assert formats["fp8"] == [["bf16", "bf16"]] * 3 + [["quantized", "quantized"]]
     assert formats == {name: ranks[1][name]["low"]["formats"] for name in RECIPES}
 

@@ -175,11 +175,19 @@ def _fsdp_param(layer: nn.Module):
 
 
 def _reallocate_gather(layer: nn.Module) -> None:
-    """Make FSDP2 size its all-gather buffers and unsharded weight anew at the next gather."""
+    """Make FSDP2 size its all-gather buffers and unsharded weight anew at the next gather. A
+    gradient the old unsharded weight holds (micro-batches without gradient sync) moves to
+    FSDP2's own accumulator, to which later micro-batches add and which it reduce-scatters."""
     param = _fsdp_param(layer)
     param.all_gather_outputs = []
     param._unsharded_inner_tensors = []
-    if hasattr(param, "_unsharded_param"):
+    old = getattr(param, "_unsharded_param", None)
+    if old is not None and old.grad is not None:
+        if param.unsharded_accumulated_grad is None:
+            param.unsharded_accumulated_grad = old.grad
+        else:
+            param.unsharded_accumulated_grad += old.grad
+    if old is not None:
         del param._unsharded_param
 
 
