@@ -8,8 +8,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from adahop.policy import calibration
+from adahop import end_calibration_step
 from adahop.policy.calibration import ModelPlan, PatternRecorder, PatternVotes, attach_pattern_hooks
-from adahop.policy.patterns import detect_pattern
+from adahop.policy.patterns import NonFiniteTensorError, line_stats
 from adahop.policy.strategies import LayerPlan, plan_for_patterns
 
 
@@ -90,16 +91,35 @@ def test_hooks_vote_each_tensor_in_storage_layout(monkeypatch):
         layer.weight[7] *= 30
     seen = []
 
-    def spy(t, threshold):
+    def spy(t):
         seen.append(tuple(t.shape))
-        return detect_pattern(t, threshold)
+        return line_stats(t)
 
-    monkeypatch.setattr(calibration, "detect_pattern", spy)
+    monkeypatch.setattr(calibration, "line_stats", spy)
     with attach_pattern_hooks(layer) as recorder:
         planted_step(layer)
-    assert seen == [(256, 96), (48, 96), (256, 48)]  # X [tokens, in], W [out, in], dY [tokens, out]
+        assert seen == [(256, 96), (48, 96), (256, 48)]  # X [tokens, in], W [out, in], dY [tokens, out]
+        assert all(recorder.votes.count(r) == 0 for r in "xwg")  # measured in backward, voted at the boundary
+        recorder.end_step()
     assert {r: recorder.votes.majority(r) for r in "xwg"} == {"x": "col", "w": "row", "g": "row"}
     assert all(recorder.votes.count(r) == 1 for r in "xwg")
+
+
+def test_one_vote_per_step_from_every_micro_batch():
+    """Two micro-batches, each with half of the outlier tokens: the step's vote sees them together
+    (as one batch), the optimizer's step casts it, and the micro-batches add no second vote."""
+    layer = nn.Linear(64, 64)
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.0)
+    whole = torch.randn(256, 64, generator=torch.Generator().manual_seed(0))
+    whole[:, 3] *= 20
+    with PatternRecorder(layer) as recorder:
+        for part in whole.split(128):
+            layer(part).sum().backward()
+        optimizer.step()
+        assert [recorder.votes.count(r) for r in "xwg"] == [1, 1, 1]
+        layer(whole).sum().backward()
+        recorder.end_step()
+    assert recorder.votes.counts("x") == {"row": 0, "col": 2, "none": 0}
 
 
 def test_no_votes_in_eval_or_no_grad_or_after_remove():
@@ -107,6 +127,7 @@ def test_no_votes_in_eval_or_no_grad_or_after_remove():
     recorder = PatternRecorder(layer)
     planted_step(layer, train=False)
     planted_step(layer, grad=False)
+    recorder.end_step()
     assert all(recorder.votes.count(r) == 0 for r in "xwg")
 
     layer.train()
@@ -114,7 +135,8 @@ def test_no_votes_in_eval_or_no_grad_or_after_remove():
     recorder.remove()
     y.sum().backward()
     planted_step(layer)
-    assert [recorder.votes.count(r) for r in "xwg"] == [1, 1, 0]
+    end_calibration_step(layer)  # the recorder left the step boundaries with remove()
+    assert all(recorder.votes.count(r) == 0 for r in "xwg")
 
 
 def test_recorders_share_votes_and_reject_weightless_modules():
@@ -122,9 +144,20 @@ def test_recorders_share_votes_and_reject_weightless_modules():
     layer = nn.Linear(64, 32)
     with PatternRecorder(layer, votes), PatternRecorder(layer, votes):
         planted_step(layer)
+        end_calibration_step(layer)
     assert votes.count("x") == votes.count("g") == 2
     with pytest.raises(TypeError, match="2-D .weight"):
         PatternRecorder(nn.ReLU())
+
+
+def test_non_finite_statistics_stop_at_the_step_boundary():
+    layer = nn.Linear(64, 32)
+    x = torch.randn(64, 64)
+    x[3, 5] = float("inf")
+    with PatternRecorder(layer) as recorder:
+        layer(x).sum().backward()
+        with pytest.raises(NonFiniteTensorError, match="input X of a calibrating layer held NaN or Inf"):
+            recorder.end_step()
 
 
 # ---------------------------------------------------------------- model plan

@@ -264,10 +264,11 @@ def test_calibration_freezes_after_n_steps_and_plan_json_skips_it(tmp_path):
     assert isinstance(model[2], nn.Linear) and not isinstance(model[2], AdaHOPLinear)
     x = torch.randn(64, 64)
     x[:, 7] *= 25.0  # an outlier channel
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     for _ in range(3):
         assert model[0].calibrating
         model(x).square().mean().backward()
-    model(x)  # the first forward after the votes are in freezes the plan
+        optimizer.step()  # the step boundary: one vote per tensor, and the third freezes the plan
     assert not model[0].calibrating
     assert model[0].plan.patterns["x"] == "col"
 

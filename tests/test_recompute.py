@@ -1,6 +1,7 @@
 """Recomputed steps: the steps that vote patterns (calibration, telemetry) run uncompiled, so the
 trainer checkpoints each block's activations on them (``training.recompute_pattern_steps``). A
-recompute must train exactly as the step without it, keep fewer activations, and vote nothing."""
+recompute must train exactly as the step without it, keep fewer activations, and vote nothing
+more (votes are cast in backward: tests/test_calibration_stacks.py covers other checkpointers)."""
 
 from __future__ import annotations
 
@@ -11,32 +12,12 @@ import torch
 from torch.nn.attention import SDPBackend
 
 from adahop.models import build_model
+from adahop import end_calibration_step
 from adahop.nn import AdaHOPLinear, convert_model
-from adahop.policy.calibration import PatternVotes, attach_pattern_hooks, paused_votes, votes_paused
 from adahop.recipes import get_recipe
 from adahop.train import Trainer, load_config, read_metrics
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def test_no_vote_and_no_freeze_inside_paused_votes():
-    linear = torch.nn.Linear(64, 32)
-    votes = PatternVotes()
-    with attach_pattern_hooks(linear, votes):
-        with paused_votes():
-            assert votes_paused()
-            linear(torch.randn(8, 64, requires_grad=True)).sum().backward()
-        assert not votes_paused() and votes.count("x") == 0 and votes.count("g") == 0
-        linear(torch.randn(8, 64, requires_grad=True)).sum().backward()
-    assert votes.count("x") == votes.count("w") == votes.count("g") == 1
-
-    layer = AdaHOPLinear(64, 32, recipe=dataclasses.replace(get_recipe("adahop_lv2"), calibration_steps=1))
-    layer(torch.randn(8, 64, requires_grad=True)).sum().backward()  # one vote each: enough to freeze
-    with paused_votes():
-        layer(torch.randn(8, 64, requires_grad=True))
-    assert layer.calibrating  # a recompute never freezes the plan
-    layer(torch.randn(8, 64, requires_grad=True))
-    assert not layer.calibrating
 
 
 def _saved_bytes_and_grads(model: torch.nn.Module, tokens: torch.Tensor) -> tuple[int, float, list]:
@@ -75,18 +56,20 @@ def test_recomputed_blocks_give_the_same_gradients_and_keep_far_fewer_activation
     tokens = torch.randint(0, 256, (2, 65), device=device)
     layers = [m for m in model.modules() if isinstance(m, AdaHOPLinear)]
     if phase == "frozen":
-        _saved_bytes_and_grads(model, tokens)  # the one calibration step; the next forward freezes
+        _saved_bytes_and_grads(model, tokens)  # the one calibration step
+        end_calibration_step(model)  # its boundary freezes the plans
 
     kept, loss, grads = _saved_bytes_and_grads(model, tokens)
     assert all(layer.calibrating == (phase == "calibrating") for layer in layers)
-    model.recompute_in = paused_votes
+    model.recompute = True
     kept_recomputed, loss_recomputed, grads_recomputed = _saved_bytes_and_grads(model, tokens)
 
     assert loss_recomputed == loss
     assert all(torch.equal(a, b) for a, b in zip(grads, grads_recomputed, strict=True))
     assert kept_recomputed < kept / 3
-    if phase == "calibrating":  # each pass voted once: the recompute added no vote
-        assert {layer.votes.count(role) for layer in layers for role in ("x", "w", "g")} == {2}
+    if phase == "calibrating":  # the two passes voted as one step: the recompute added nothing
+        end_calibration_step(model)
+        assert {layer.votes.count(role) for layer in layers for role in ("x", "w", "g")} == {1}
 
 
 def test_trainer_recomputes_exactly_the_voting_steps_and_trains_the_same(small_overrides, tmp_path, monkeypatch):
@@ -94,7 +77,7 @@ def test_trainer_recomputes_exactly_the_voting_steps_and_trains_the_same(small_o
     micro_step = Trainer._micro_step
 
     def spy(self, *args, **kwargs):
-        seen.append((self.step + 1, self.model.recompute_in is paused_votes))
+        seen.append((self.step + 1, self.model.recompute))
         return micro_step(self, *args, **kwargs)
 
     monkeypatch.setattr(Trainer, "_micro_step", spy)
@@ -115,8 +98,7 @@ def test_trainer_recomputes_exactly_the_voting_steps_and_trains_the_same(small_o
         states = {name: layer.get_extra_state().clone() for name, layer in trainer.named_layers.items()}
         runs[recompute] = (list(seen), read_metrics(run), states, (run / "plan.json").read_text())
 
-    # Calibration votes on steps 1-2 and freezes in step 3's forward; telemetry samples steps 6 (and 3,
-    # which still calibrated when it began: no sample then).
+    # Calibration votes on steps 1-2 and freezes right before step 2's update; telemetry samples steps 3 and 6.
     assert [step for step, recomputed in runs[True][0] if recomputed] == [1, 2, 3, 6]
     assert not any(recomputed for _, recomputed in runs[False][0])
     seen_on, metrics_on, states_on, plan_on = runs[True]
@@ -130,21 +112,20 @@ def test_trainer_recomputes_exactly_the_voting_steps_and_trains_the_same(small_o
 def test_a_kept_graph_recomputes_again_on_a_second_backward():
     torch.manual_seed(0)
     model = build_model("tiny", vocab_size=256, n_layers=2, dim=64).train()
-    model.recompute_in = paused_votes
+    model.recompute = True
     tokens = torch.randint(0, 256, (2, 17))
     _, loss = model(tokens[:, :-1], tokens[:, 1:])
     loss.backward(retain_graph=True)
     first = [p.grad.clone() for p in model.parameters()]
-    loss.backward()  # the same paused_votes context is entered a second time
+    loss.backward()
     assert all(torch.equal(p.grad, 2 * g) for p, g in zip(model.parameters(), first, strict=True))
-    assert not votes_paused()
 
 
 def test_the_recompute_does_not_call_the_block_module_again():
     """The checkpoint sits inside each block, so module hooks (FSDP2's all-gather and input cast;
     torch <= 2.12 does not cast again in a recompute) run once per forward, not again in backward."""
     model = build_model("tiny", vocab_size=256, n_layers=2, dim=64).train()
-    model.recompute_in = paused_votes
+    model.recompute = True
     calls = []
     for block in model.layers:
         block.register_forward_pre_hook(lambda module, args: calls.append(module))
@@ -171,13 +152,14 @@ def test_recompute_runs_inside_fsdp2_units_with_the_cast_inputs(tmp_path):
         model.train()
         tokens = torch.randint(0, 256, (2, 33))
         losses = []
-        for recompute in (None, paused_votes):
-            model.recompute_in = recompute
+        for recompute in (False, True):
+            model.recompute = recompute
             model.zero_grad()
             _, loss = model(tokens[:, :-1], tokens[:, 1:])
             loss.backward()
             losses.append(loss.item())
         assert losses[0] == losses[1]
-        assert all(layer.votes.count("g") == 2 for layer in model.modules() if isinstance(layer, AdaHOPLinear))
+        end_calibration_step(model)  # both passes are one step's share: one vote each
+        assert all(layer.votes.count("g") == 1 for layer in model.modules() if isinstance(layer, AdaHOPLinear))
     finally:
         dist.destroy_process_group()

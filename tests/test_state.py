@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from adahop import AdaHOPLinear
+from adahop import AdaHOPLinear, end_calibration_step
 from adahop.nn.state import STATE_SIZE, STRATEGY_CODES, decode_state
 from adahop.policy.strategies import Strategy, plan_for_patterns
 
@@ -11,8 +11,9 @@ from adahop.policy.strategies import Strategy, plan_for_patterns
 def calibrated_layer() -> AdaHOPLinear:
     torch.manual_seed(0)
     layer = AdaHOPLinear(64, 32, recipe={"name": "adahop_lv2", "calibration_steps": 2})
-    for _ in range(3):
+    for _ in range(2):
         layer(torch.randn(8, 64)).sum().backward()
+        end_calibration_step(layer)  # no optimizer here: the step boundary by hand
     assert not layer.calibrating
     return layer
 

@@ -28,6 +28,7 @@ _EXPORTS = {
     "load_plan": ".nn",
     "model_plan": ".nn",
     "detect_pattern": ".policy",
+    "end_calibration_step": ".policy",
     "pattern_stats": ".policy",
     "DEFAULT_RECIPE": ".recipes",
     "RECIPES": ".recipes",
@@ -39,7 +40,7 @@ _EXPORTS = {
 if TYPE_CHECKING:
     from .formats import MXTensor, quantize_mx
     from .nn import AdaHOPLinear, convert_model, load_plan, model_plan
-    from .policy import detect_pattern, pattern_stats
+    from .policy import detect_pattern, end_calibration_step, pattern_stats
     from .recipes import DEFAULT_RECIPE, RECIPES, Recipe, get_recipe
     from .transforms import hadamard_transform
 
@@ -75,6 +76,7 @@ __all__ = [
     "Recipe",
     "convert_model",
     "detect_pattern",
+    "end_calibration_step",
     "get_recipe",
     "hadamard_transform",
     "load_plan",

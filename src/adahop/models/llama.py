@@ -9,11 +9,8 @@ is left in high precision by the converter.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
-from collections.abc import Callable
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import torch
@@ -192,21 +189,18 @@ class TransformerBlock(nn.Module):
         self.attention = Attention(args)
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
         self.feed_forward = FeedForward(args.dim, args.hidden_dim)
-        self.recompute_in: Callable[[], AbstractContextManager] | None = None  # see Transformer.recompute_in
+        self.recompute = False  # see Transformer.recompute
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        if self.recompute_in is None or not torch.is_grad_enabled():
+        if not self.recompute or not torch.is_grad_enabled():
             return self._layers(x, cos, sin)
         # Checkpointed inside the block, so that when the block is an FSDP2 unit its hooks (parameter
         # all-gather, input cast) run around the checkpoint and the recompute sees the forward's inputs.
-        return checkpoint(self._layers, x, cos, sin, use_reentrant=False, context_fn=self._recompute_contexts)
+        return checkpoint(self._layers, x, cos, sin, use_reentrant=False)
 
     def _layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x), cos, sin)
         return x + self.feed_forward(self.ffn_norm(x))
-
-    def _recompute_contexts(self) -> tuple[AbstractContextManager, AbstractContextManager]:
-        return contextlib.nullcontext(), self.recompute_in()
 
 
 class Transformer(nn.Module):
@@ -268,18 +262,16 @@ class Transformer(nn.Module):
         return logits, loss
 
     @property
-    def recompute_in(self) -> Callable[[], AbstractContextManager] | None:
-        """Activation checkpointing of every block: None keeps each block's activations for
-        backward; a context factory keeps only the blocks' inputs and recomputes the rest in
-        backward inside a context it makes. While an adaptive model calibrates, that context must
-        pause pattern votes (``policy.calibration.paused_votes``, as the trainer sets it): a plain
-        recompute would vote twice and could freeze a layer mid-step."""
-        return self.layers[0].recompute_in if len(self.layers) else None
+    def recompute(self) -> bool:
+        """Activation checkpointing of every block: False keeps each block's activations for
+        backward; True keeps only the blocks' inputs and recomputes the rest in backward
+        (calibration votes in backward, once, so a recompute changes no vote)."""
+        return bool(len(self.layers)) and self.layers[0].recompute
 
-    @recompute_in.setter
-    def recompute_in(self, context: Callable[[], AbstractContextManager] | None) -> None:
+    @recompute.setter
+    def recompute(self, on: bool) -> None:
         for block in self.layers:
-            block.recompute_in = context
+            block.recompute = on
 
 
 def get_model_args(name: str) -> ModelArgs:

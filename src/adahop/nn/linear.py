@@ -3,10 +3,13 @@
 Life of a layer under an adaptive recipe:
 
 1. **Calibration** (``plan is None``): the layer computes exactly like ``nn.Linear`` (BF16 under
-   autocast) while hooks record the outlier patterns of X, W and dY every training step.
-2. **Freeze**: once every tensor has ``recipe.calibration_steps`` votes, the majority patterns
-   pick a (forward, dgrad, wgrad) strategy from the recipe's table; the plan never changes again
-   and is saved in the state_dict (``_extra_state``, an int64 tensor: ``adahop.nn.state``).
+   autocast); its backward adds the outlier statistics of X, W and dY to device buffers, and at
+   each step boundary (before ``optimizer.step()``, or ``adahop.end_calibration_step``) they are
+   merged over ranks into one vote per tensor (``adahop.policy.calibration``).
+2. **Freeze**: at the step boundary where every tensor has ``recipe.calibration_steps`` votes,
+   the majority patterns pick a (forward, dgrad, wgrad) strategy from the recipe's table; the plan
+   never changes again and is saved in the state_dict (``_extra_state``, an int64 tensor:
+   ``adahop.nn.state``).
 3. **Training**: each GEMM runs BF16, MXFP4, IHT (inner Hadamard + MXFP4), OE-left or OE-right.
 
 Fixed recipes (``bf16``, ``mxfp4``, ``mxfp4_hadamard``) skip calibration. X and W round to nearest,
@@ -36,7 +39,7 @@ from .. import ops
 from ..gemm.matmul import tn_matmul
 from ..formats import QuantSpec
 from ..gemm.operand import GemmOperand, prepare_operand, prepare_weight_tiles
-from ..policy.calibration import PatternVotes, attach_pattern_hooks, votes_paused
+from ..policy.calibration import PatternVotes, Voter, add_step_buffers, close_voter, observe, open_voter
 from ..policy.strategies import GEMMS, ROLES, LayerPlan, Strategy, plan_for_patterns
 from ..recipes import DEFAULT_RECIPE, Recipe, get_recipe
 from ..transforms import random_signs
@@ -160,11 +163,12 @@ class AdaHOPLinear(nn.Linear):
         # Random-sign Hadamard variant: one seeded vector for every layer and replica; a
         # non-persistent buffer so it follows .to(device) and leaves the state_dict keys alone.
         self.register_buffer("hadamard_signs", self._make_signs(device), persistent=False)
-        self._hooks = None
+        self._voter: Voter | None = None
         self._build_specs()
         self.plan: LayerPlan | None = None
         if self.recipe.adaptive:
-            self._hooks = attach_pattern_hooks(self, self.votes, self.recipe.pattern_threshold)
+            add_step_buffers(self, in_features, out_features, device)
+            self._voter = open_voter(Voter(self, self, self.votes, self.recipe.pattern_threshold, self._maybe_freeze))
         else:
             self.set_plan(self._with_forward_strategy(LayerPlan.uniform(Strategy(self.recipe.strategy))))
 
@@ -189,6 +193,8 @@ class AdaHOPLinear(nn.Linear):
         layer.weight = linear.weight
         layer.bias = linear.bias
         layer.hadamard_signs = layer._make_signs(linear.weight.device)
+        if layer.recipe.adaptive:
+            add_step_buffers(layer, linear.in_features, linear.out_features, linear.weight.device)
         layer._build_specs()
         return layer
 
@@ -245,9 +251,12 @@ class AdaHOPLinear(nn.Linear):
         """Freeze the (forward, dgrad, wgrad) strategies, ``bf16_gemms`` in BF16; ends calibration."""
         self.plan = plan.with_bf16(self.bf16_gemms)
         self._plan_bf16_forward = self.plan.with_bf16(("forward",))  # built once: forwards only read it
-        if self._hooks is not None:
-            self._hooks.remove()
-            self._hooks = None
+        if self._voter is not None:
+            close_voter(self._voter)
+            self._voter = None
+            for name, buffer in list(self._buffers.items()):
+                if name.startswith("_step_"):  # the step statistics are no longer needed
+                    self._buffers[name] = buffer.new_empty(0)
 
     def _with_forward_strategy(self, plan: LayerPlan) -> LayerPlan:
         """``plan`` with the recipe's ``forward_strategy`` (if it names one) on the forward GEMM."""
@@ -255,11 +264,9 @@ class AdaHOPLinear(nn.Linear):
         return plan if forced is None else dataclasses.replace(plan, forward=Strategy(forced))
 
     def _maybe_freeze(self) -> None:
+        """Called after each step's votes (merged over ranks, so every replica freezes the same plan)."""
         n = self.recipe.calibration_steps
         if all(self.votes.count(role) >= n for role in ROLES):
-            if torch.distributed.is_available() and torch.distributed.is_initialized():
-                nccl = torch.distributed.get_backend() == "nccl"
-                self.votes.all_reduce(self.weight.device if nccl else "cpu")  # one plan on every replica
             self.set_plan(self._with_forward_strategy(self.votes.plan(self.recipe.table)))
 
     # ---- forward ------------------------------------------------------------------------
@@ -278,6 +285,9 @@ class AdaHOPLinear(nn.Linear):
         signs = self.hadamard_signs
         if signs is not None:  # rebuilt, not moved: ``to_empty`` (meta-device init) leaves garbage
             self.hadamard_signs = self._make_signs(signs.device).to(signs.dtype)
+        for name, buffer in list(self._buffers.items()):
+            if name.startswith("_step_"):  # float64 counts, whatever the model is cast to; zeroed (to_empty)
+                self._buffers[name] = torch.zeros_like(buffer, dtype=torch.float64)
         self._build_specs()
         return module
 
@@ -320,10 +330,11 @@ class AdaHOPLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input(x)
-        if self.plan is None and not votes_paused():  # a recompute runs as the forward did
-            self._maybe_freeze()
+        if self.plan is None:
+            y = F.linear(x, self.weight, self.bias)
+            return observe(y, x, self.weight, self) if self.training else y
         plan = self.running_plan
-        if plan is None or plan.all_bf16:
+        if plan.all_bf16:
             return F.linear(x, self.weight, self.bias)
 
         weight, bias = self.weight, self.bias

@@ -8,6 +8,7 @@ from .calibration import (
     PatternRecorder,
     PatternVotes,
     attach_pattern_hooks,
+    end_calibration_step,
 )
 from .patterns import (
     DEFAULT_THRESHOLD,
@@ -52,6 +53,7 @@ __all__ = [
     "StrategyTable",
     "attach_pattern_hooks",
     "detect_pattern",
+    "end_calibration_step",
     "gemm_pattern_pairs",
     "get_table",
     "opposite",

@@ -1,49 +1,59 @@
-"""Calibration: vote the outlier patterns of each linear layer, then freeze a plan.
+"""Calibration: vote the outlier patterns of each linear layer once per training step, then freeze a plan.
 
 Patterns are stable over training, so AdaHOP measures them only during a short BF16
-calibration (30 steps by default): a :class:`PatternRecorder` on each linear layer votes the
-pattern of X and W on every training forward and of dY on the backward; the majority per
-tensor picks the layer's :class:`LayerPlan`. A :class:`ModelPlan` (module name -> plan) is
-saved as JSON so that a later run can skip calibration.
+calibration (30 steps by default), then freezes each layer's :class:`LayerPlan` from the
+majority pattern of X, W and dY. A :class:`ModelPlan` (module name -> plan) is saved as JSON so
+that a later run can skip calibration.
 
-A forward that only recomputes activations for backward (activation checkpointing) is not a
-new training step: inside :func:`paused_votes` no recorder votes and no layer freezes.
+How a step is observed, so that it works inside the stacks users run:
+
+- **In the backward, once.** A calibrating layer (or a :class:`PatternRecorder`) wraps its output
+  in an autograd node whose backward adds the statistics of X, W and dY (``patterns.line_stats``)
+  to device buffers. A backward node runs once per backward pass whatever activation
+  checkpointing does (a recompute rebuilds saved tensors but never runs the first graph's nodes
+  twice; a reentrant checkpoint's first forward builds no graph at all), so nothing is counted
+  twice and the forward and its recompute run the same code. No host sync, no Python state
+  changes: a calibrating layer compiles with ``torch.compile(fullgraph=True)``.
+- **Decided at the step boundary.** Right before ``optimizer.step()`` (a global optimizer
+  pre-hook, for the layers whose weights that optimizer updates), or at an explicit
+  :func:`end_calibration_step`, the step's statistics are summed over the micro-batches and over
+  every data-parallel rank (two ``all_reduce``), each operand gets one vote from the merged
+  statistics, and a layer with ``recipe.calibration_steps`` votes freezes. So one process and N
+  ranks that see the same global batch freeze the same plan, and the freeze never happens inside
+  a forward that backward replays.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import weakref
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from ..atomic import atomic_file
-from .patterns import DEFAULT_THRESHOLD, PATTERNS, Pattern, check_pattern, detect_pattern
+from .patterns import (
+    DEFAULT_THRESHOLD,
+    PATTERNS,
+    NonFiniteTensorError,
+    Pattern,
+    check_pattern,
+    decide,
+    line_stats,
+    merged_scores,
+    stats_sizes,
+)
 from .strategies import DEFAULT_TABLE, GEMMS, ROLES, LayerPlan, StrategyTable, plan_for_patterns
 
 PLAN_VERSION = 1
-_pauses = 0  # open paused_votes blocks, process-wide: the main thread waits in backward() meanwhile
-
-
-class paused_votes:
-    """Forwards run inside this block record no pattern votes and freeze no plan. One instance may
-    be entered again after it exits (a graph kept with ``retain_graph`` recomputes once per backward)."""
-
-    def __enter__(self) -> None:
-        global _pauses
-        _pauses += 1
-
-    def __exit__(self, *exc: object) -> None:
-        global _pauses
-        _pauses -= 1
-
-
-def votes_paused() -> bool:
-    return _pauses > 0
+ROLE_NAMES = {"x": "input X", "w": "weight W", "g": "output gradient dY"}
 
 
 def _check_role(role: str) -> str:
@@ -53,7 +63,8 @@ def _check_role(role: str) -> str:
 
 
 class PatternVotes:
-    """Counts of the patterns seen for X ("x"), W ("w") and dY ("g") of one layer.
+    """Counts of the patterns seen for X ("x"), W ("w") and dY ("g") of one layer, one vote per
+    operand per training step.
 
     Ties in :meth:`majority` go to the tied pattern seen most recently: the first steps (near
     initialisation) are the least representative of the rest of training; a pattern never seen
@@ -82,19 +93,6 @@ class PatternVotes:
         counts, last_seen = self._counts[role], self._last_seen[role]
         return max(PATTERNS, key=lambda p: (counts[p], last_seen.get(p, 0)))
 
-    def all_reduce(self, device: torch.device | str = "cpu", group=None) -> None:
-        """Merge the votes of every rank (counts summed, latest sighting kept) so that all
-        data-parallel replicas freeze the same plan. A collective: every rank must call it."""
-        import torch.distributed as dist
-
-        counts = torch.tensor([[self._counts[r][p] for p in PATTERNS] for r in ROLES], device=device)
-        seen = torch.tensor([[self._last_seen[r].get(p, 0) for p in PATTERNS] for r in ROLES], device=device)
-        dist.all_reduce(counts, dist.ReduceOp.SUM, group=group)
-        dist.all_reduce(seen, dist.ReduceOp.MAX, group=group)
-        for i, role in enumerate(ROLES):
-            self._counts[role] = Counter({p: int(c) for p, c in zip(PATTERNS, counts[i].tolist()) if c})
-            self._last_seen[role] = {p: int(t) for p, t in zip(PATTERNS, seen[i].tolist()) if t}
-
     def plan(self, table: str | StrategyTable | Mapping = DEFAULT_TABLE) -> LayerPlan:
         """The layer's frozen plan from the majority pattern of each tensor."""
         return plan_for_patterns(*(self.majority(role) for role in ROLES), table)
@@ -114,13 +112,156 @@ class PatternVotes:
         self._last_seen = {r: dict(last_seen[r]) for r in ROLES}
 
 
-class PatternRecorder:
-    """Forward/backward hooks that vote the patterns of one ``nn.Linear``-like module.
+# ---- the step's statistics -----------------------------------------------------------------------
+def add_step_buffers(module: nn.Module, in_features: int, out_features: int, device=None) -> None:
+    """Register the non-persistent float64 buffers that hold one step's statistics of X, W and dY
+    (``patterns.line_stats``) on ``module``: they follow ``.to()`` and FSDP2's device move, stay
+    out of the state_dict, and a compiled forward mutates them in place."""
+    for role, n_cols in zip(ROLES, (in_features, in_features, out_features)):
+        for kind, size in zip(("sums", "maxes"), stats_sizes(n_cols)):
+            module.register_buffer(
+                f"_step_{role}_{kind}", torch.zeros(size, dtype=torch.float64, device=device), persistent=False
+            )
 
-    On a training forward with grad enabled it votes X (flattened to [tokens, in]) and the
-    weight [out, in], and hooks the output to vote dY (flattened to [tokens, out]). Nothing is
-    recorded under ``eval()``, ``no_grad`` or :func:`paused_votes`. ``remove()`` (or leaving the ``with`` block)
-    detaches it; a backward still pending then records nothing.
+
+def step_buffers(module: nn.Module) -> list[torch.Tensor]:
+    """``[x sums, x maxes, w sums, w maxes, g sums, g maxes]`` of ``module`` (``add_step_buffers``)."""
+    return [getattr(module, f"_step_{role}_{kind}") for role in ROLES for kind in ("sums", "maxes")]
+
+
+def _accumulate(sums: torch.Tensor, maxes: torch.Tensor, t: torch.Tensor) -> None:
+    if t.numel():
+        s, m = line_stats(t.reshape(-1, t.shape[-1]))
+        sums.add_(s)
+        maxes.copy_(torch.maximum(maxes, m))
+
+
+class _VoteInBackward(torch.autograd.Function):
+    """Identity on the layer's output; its backward adds X's and dY's statistics to the step's and
+    sets W's (the same W in every micro-batch of a step, on every rank: counted once)."""
+
+    @staticmethod
+    def forward(ctx, y, x, weight, *buffers):
+        ctx.save_for_backward(x, weight)
+        ctx.buffers = buffers
+        return y.view_as(y)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        x_sums, x_maxes, w_sums, w_maxes, g_sums, g_maxes = ctx.buffers
+        _accumulate(x_sums, x_maxes, x)
+        w_sums.zero_()
+        w_maxes.zero_()
+        _accumulate(w_sums, w_maxes, weight)
+        _accumulate(g_sums, g_maxes, grad)
+        return grad, None, None, *(None for _ in ctx.buffers)
+
+
+def observe(y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, holder: nn.Module) -> torch.Tensor:
+    """``y`` (= linear(x, weight)), wired so the backward adds this micro-batch to the step's statistics."""
+    return _VoteInBackward.apply(y, x, weight, *step_buffers(holder))
+
+
+# ---- step boundaries -----------------------------------------------------------------------------
+@dataclass(eq=False)
+class Voter:
+    """One layer's calibration: whose weight identifies it, where its step statistics live, and
+    what to do after each step's votes (a calibrating ``AdaHOPLinear`` freezes)."""
+
+    module: nn.Module
+    holder: nn.Module
+    votes: PatternVotes
+    threshold: float
+    after_votes: Callable[[], None] | None = None
+    serial: int = field(default_factory=itertools.count().__next__)
+
+
+_VOTERS: weakref.WeakValueDictionary[int, Voter] = weakref.WeakValueDictionary()
+_hook = None
+
+
+def open_voter(voter: Voter) -> Voter:
+    """Take part in step boundaries (kept while the caller holds ``voter``)."""
+    global _hook
+    if _hook is None:
+        _hook = register_optimizer_step_pre_hook(_before_optimizer_step)
+    _VOTERS[voter.serial] = voter
+    return voter
+
+
+def close_voter(voter: Voter) -> None:
+    _VOTERS.pop(voter.serial, None)
+
+
+def _before_optimizer_step(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
+    if len(_VOTERS):
+        end_step([p for group in optimizer.param_groups for p in group["params"]])
+
+
+def end_calibration_step(model: nn.Module, group=None) -> None:
+    """End the training step for every calibrating layer (and pattern recorder) of ``model``:
+    merge the step's statistics over ranks, vote, freeze the layers that have enough votes.
+
+    Needed only where no ``torch.optim`` optimizer steps the layers' weights (its pre-step hook
+    does this for them); calling it again in the same step does nothing. A collective when
+    ``torch.distributed`` is initialized: every rank calls it (``group``: the data-parallel group).
+    """
+    end_step(model.parameters(), group)
+
+
+def end_step(params: Iterable[torch.Tensor], group=None) -> None:
+    """:func:`end_calibration_step` for the voters whose module's ``weight`` is in ``params``,
+    in the order of ``params`` (the same on every rank, as the collectives need)."""
+    order = {id(p): i for i, p in enumerate(params)}
+    voters = [v for v in list(_VOTERS.values()) if id(getattr(v.module, "weight", None)) in order]
+    voters.sort(key=lambda v: (order[id(v.module.weight)], v.serial))
+    if voters:
+        close_step(voters, group)
+
+
+def close_step(voters: list[Voter], group=None) -> None:
+    """Merge the step's statistics of ``voters`` over ranks, cast one vote per operand that the
+    step saw, clear the statistics, then run each voter's ``after_votes``. One host read."""
+    import torch.distributed as dist
+
+    buffers = [step_buffers(v.holder) for v in voters]
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1:
+        # X and dY are split over ranks; W is the same tensor on every rank and is left alone.
+        for kind, op in ((0, dist.ReduceOp.SUM), (1, dist.ReduceOp.MAX)):
+            parts = [b[i + kind] for b in buffers for i in (0, 4)]
+            merged = torch.cat(parts)
+            dist.all_reduce(merged, op, group=group)
+            for part, value in zip(parts, merged.split([p.numel() for p in parts])):
+                part.copy_(value)
+    scores = torch.stack([merged_scores(b[2 * i], b[2 * i + 1]) for b in buffers for i in range(len(ROLES))])
+    scores = scores.tolist()
+    for b in buffers:
+        for t in b:
+            t.zero_()
+    for v, voter in enumerate(voters):
+        for i, role in enumerate(ROLES):
+            rows, row_score, col_score, nonfinite = scores[v * len(ROLES) + i]
+            if nonfinite:
+                raise NonFiniteTensorError(
+                    f"the {ROLE_NAMES[role]} of a calibrating layer held NaN or Inf in this step"
+                )
+            if rows:
+                n_cols = buffers[v][2 * i + 1].numel() - 2
+                voter.votes.add(role, decide((int(rows), n_cols), row_score, col_score, voter.threshold))
+    for voter in voters:
+        if voter.after_votes is not None:
+            voter.after_votes()
+
+
+class PatternRecorder:
+    """Votes the patterns of one ``nn.Linear``-like module on each training step, as calibration
+    does (see the module doc): on a training forward with grad enabled it wires the output so that
+    the backward adds X (flattened to [tokens, in]), the weight [out, in] and dY (flattened to
+    [tokens, out]) to the step's statistics; at the step boundary (the optimizer that steps the
+    module's weight, :func:`end_calibration_step`, or :meth:`end_step`) each gets one vote. Nothing is
+    recorded under ``eval()`` or ``no_grad``. ``remove()`` (or leaving the ``with`` block)
+    detaches it; a step not yet ended then votes nothing.
     """
 
     def __init__(self, module: nn.Module, votes: PatternVotes | None = None, threshold: float = DEFAULT_THRESHOLD):
@@ -129,26 +270,22 @@ class PatternRecorder:
             raise TypeError(f"PatternRecorder needs a module with a 2-D .weight, got {type(module).__name__}")
         self.votes = votes if votes is not None else PatternVotes()
         self.threshold = threshold
-        self._active = True
+        self._holder = nn.Module()
+        add_step_buffers(self._holder, weight.shape[1], weight.shape[0], weight.device)
+        self.voter = open_voter(Voter(module, self._holder, self.votes, threshold))
         self._handle = module.register_forward_hook(self._on_forward)
 
-    def _vote(self, role: str, t: torch.Tensor) -> None:
-        self.votes.add(role, detect_pattern(t.reshape(-1, t.shape[-1]), self.threshold))
+    def _on_forward(self, module: nn.Module, args: tuple, output):
+        if module.training and torch.is_grad_enabled() and isinstance(output, torch.Tensor) and output.requires_grad:
+            return observe(output, args[0], module.weight, self._holder)
+        return None
 
-    def _on_forward(self, module: nn.Module, args: tuple, output) -> None:
-        if votes_paused() or not (module.training and torch.is_grad_enabled()):
-            return
-        self._vote("x", args[0])
-        self._vote("w", module.weight)
-        if isinstance(output, torch.Tensor) and output.requires_grad:
-            output.register_hook(self._on_output_grad)
-
-    def _on_output_grad(self, grad: torch.Tensor) -> None:
-        if self._active:
-            self._vote("g", grad)
+    def end_step(self, group=None) -> None:
+        """End the step for this recorder alone (a collective under ``torch.distributed``)."""
+        close_step([self.voter], group)
 
     def remove(self) -> None:
-        self._active = False
+        close_voter(self.voter)
         self._handle.remove()
 
     def __enter__(self) -> PatternRecorder:

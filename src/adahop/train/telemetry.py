@@ -2,9 +2,9 @@
 
 AdaHOP freezes each layer's plan from a short calibration, assuming the patterns of X, W and dY
 are stable over training. Every ``training.pattern_telemetry_every`` steps after the freeze the
-trainer samples them again on that step, with calibration's own detector and vote
-(:class:`~adahop.policy.PatternRecorder`, majority over the step's micro-batches, votes merged
-over ranks), and logs a ``patterns`` record:
+trainer samples them again on that step, with calibration's own statistics and vote
+(:class:`~adahop.policy.PatternRecorder`: the step's micro-batches and ranks merged into one vote
+per tensor), and logs a ``patterns`` record:
 
 - ``drift_x``, ``drift_w``, ``drift_g``: the fraction of layers whose sampled pattern differs
   from the one their plan was frozen with;
@@ -12,8 +12,8 @@ over ranks), and logs a ``patterns`` record:
 - ``layers``: how many layers were sampled; ``sampled``: each one's patterns as ``"x/w/g"``
   (``plan.json`` holds the frozen ones).
 
-The hooks only observe: they return nothing and draw no random numbers, so the step trains
-exactly as it would unobserved. Only layers with a calibrated plan (patterns to compare with)
+The hooks only observe: the output they wire is the same tensor and they draw no random
+numbers, so the step trains exactly as it would unobserved. Only layers with a calibrated plan (patterns to compare with)
 are sampled; under a fixed recipe there are none and nothing is logged.
 """
 
@@ -23,10 +23,9 @@ import contextlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-import torch
-
 from ..nn import AdaHOPLinear
 from ..policy import PatternVotes, attach_pattern_hooks, plan_for_patterns
+from ..policy.calibration import close_step
 from ..policy.strategies import ROLES
 
 RECORD_KIND = "patterns"
@@ -39,23 +38,21 @@ def calibrated_layers(layers: Mapping[str, AdaHOPLinear]) -> dict[str, AdaHOPLin
 
 @contextlib.contextmanager
 def sample_patterns(layers: Mapping[str, AdaHOPLinear]) -> Iterator[dict[str, PatternVotes]]:
-    """Vote the patterns of ``layers`` on the training steps run inside the block (new votes,
-    the layers' own calibration votes untouched); the hooks are gone when it ends."""
+    """Vote the patterns of ``layers`` on the training step run inside the block (new votes,
+    the layers' own calibration votes untouched): one vote per tensor, cast when the block ends
+    (a collective under ``torch.distributed``: every rank samples the same steps); the hooks are
+    gone then."""
     votes = {name: PatternVotes() for name in layers}
     recorders = [
         attach_pattern_hooks(layer, votes[name], layer.recipe.pattern_threshold) for name, layer in layers.items()
     ]
     try:
         yield votes
+        if recorders:
+            close_step([recorder.voter for recorder in recorders])
     finally:
         for recorder in recorders:
             recorder.remove()
-
-
-def merge_over_ranks(votes: Mapping[str, PatternVotes], device: torch.device) -> None:
-    """Sum every rank's votes (a collective: every rank calls it), as the calibration does."""
-    for layer_votes in votes.values():
-        layer_votes.all_reduce(device)
 
 
 def drift_record(layers: Mapping[str, AdaHOPLinear], votes: Mapping[str, PatternVotes]) -> dict[str, Any]:

@@ -1,13 +1,13 @@
 """The training loop: AdamW, warmup + cosine, clipping, accumulation, bf16 autocast on CUDA.
 
-Calibration needs no code here: under an adaptive recipe each ``AdaHOPLinear`` records
-outlier patterns during its first ``recipe.calibration_steps`` training forwards (computing in
-high precision) and then freezes its plan. The trainer only notices the freeze, logs the plan
-table and saves ``plan.json``. After it, every ``training.pattern_telemetry_every`` steps, it
+Calibration needs no code here: under an adaptive recipe each ``AdaHOPLinear`` measures outlier
+patterns in its backward during its first ``recipe.calibration_steps`` training steps (computing in
+high precision), votes once per step right before ``optimizer.step()`` and freezes its plan there.
+The trainer only notices the freeze, logs the plan table and saves ``plan.json``. After it, every ``training.pattern_telemetry_every`` steps, it
 samples the patterns again and logs how far they drifted from the plan (``telemetry``). Those
 voting steps run uncompiled, calibration's at BF16 width: with ``training.recompute_pattern_steps``
-each block recomputes its activations in backward there (votes paused), so they keep only the
-blocks' inputs.
+each block recomputes its activations in backward there (votes are cast in backward, so a
+recompute counts nothing twice), so they keep only the blocks' inputs.
 
 The step itself reads no value back from the device (calibrating layers and pattern telemetry
 do, on their steps): a non-finite loss or gradient norm is refused there (that update and every
@@ -21,8 +21,9 @@ on CPU a resumed run reproduces the uninterrupted one bit for bit.
 Given a distributed :class:`ParallelEnv` (``torchrun``, see ``distributed``) the same loop
 trains data-parallel: the model is sharded with FSDP2, each rank trains on its share of every
 global batch, losses are averaged over ranks, checkpoints are sharded (``sharded_checkpoint``)
-and rank 0 alone logs and writes the run's records. Calibration votes are merged over ranks
-when the layers freeze, so every rank freezes the same plan.
+and rank 0 alone logs and writes the run's records. Calibration statistics are merged over
+ranks before each step's vote, so every rank freezes the same plan, the one a single process
+would freeze on the same global batch.
 """
 
 from __future__ import annotations
@@ -46,7 +47,6 @@ from ..atomic import remove_stale_temp_files, write_atomic
 from ..models import num_params
 from ..nn import OsciReset, adahop_layers, model_plan, set_bf16_forward
 from ..policy import NonFiniteTensorError
-from ..policy.calibration import paused_votes
 from .builders import autocast_for, build_data, build_model_from_config, data_fingerprint, mean_loss, resolve_device
 from .checkpoint import (
     check_matches,
@@ -75,7 +75,7 @@ from .optim import apply_hyperparameters, build_lr_scheduler, build_optimizer
 from .rng import set_rng_state
 from .sharded_checkpoint import load_full, load_sharded, remove_partial_checkpoints, restore_rng, save_sharded
 from .stopping import StopRequest, Terminated
-from .telemetry import RECORD_KIND, calibrated_layers, drift_record, merge_over_ranks, sample_patterns
+from .telemetry import RECORD_KIND, calibrated_layers, drift_record, sample_patterns
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +179,7 @@ class Trainer:
         self.tokens_per_step = cfg.data.batch_size * cfg.data.seq_len * cfg.training.grad_accum
         self.step = 0
         self._plan_saved = self._compiled = self._plan_restored = False
+        self.step_phase = self.phase  # the phase the latest step ran in (a freeze ends a calibrating step)
         self._graphed: GraphedMicroStep | None = None
         self._bf16_forward = False  # recipe.bf16_forward_after has switched the forward to BF16
         self.pattern_record: dict | None = None  # the last telemetry step's, until logged
@@ -425,9 +426,10 @@ class Trainer:
         accum = self.cfg.training.grad_accum
         loss_sum = torch.zeros((), device=self.device)
         sampled = self._telemetry_layers()
+        self.step_phase = self.phase
         recompute = (self.phase == "calibrating" or bool(sampled)) and self.cfg.training.recompute_pattern_steps
         if recompute:  # a step that votes patterns (a frozen step does not touch the blocks)
-            self.model.recompute_in = paused_votes
+            self.model.recompute = True
         try:
             with sample_patterns(sampled) as sampled_votes:
                 for i in range(accum):
@@ -435,10 +437,8 @@ class Trainer:
                     loss_sum += self._micro_step(inputs, targets, first=i == 0, eager=bool(sampled))
         finally:
             if recompute:
-                self.model.recompute_in = None  # the model leaves the step as it came
+                self.model.recompute = False  # the model leaves the step as it came
         if sampled:
-            if self.env.distributed:
-                merge_over_ranks(sampled_votes, self.device)
             self.pattern_record = drift_record(sampled, sampled_votes)
         loss = loss_sum / accum
         if self.env.distributed:  # every rank gets the same loss and norm, so all refuse the same steps
@@ -512,7 +512,7 @@ class Trainer:
             tokens_per_s=tokens_per_s,
             **memory,
             **per_rank,
-            phase=self.phase,
+            phase=self.step_phase,
         )
         log.info(
             "step %d/%d  loss %.4f  lr %.2e  grad_norm %.3f  %s tok/s  %s MiB%s",
@@ -524,7 +524,7 @@ class Trainer:
             f"{tokens_per_s:,.0f}",
             f"{memory['memory_mib']:,.0f}"
             + (f" (reserved {memory['memory_reserved_mib']:,.0f})" if "memory_reserved_mib" in memory else ""),
-            "" if self.phase == "fixed" else f"  {self.phase}",
+            "" if self.step_phase == "fixed" else f"  {self.step_phase}",
         )
 
     def _log_patterns(self, metrics: MetricsLogger | None) -> None:
