@@ -42,7 +42,7 @@ RECIPES = {
 # on step 2 (they read W, so it is gathered whole; one FSDP unit, so W is whole when they run);
 # ragged shapes (48 and 16 rows per rank: not whole MX blocks along out); built on the meta device,
 # sharded, then materialized and initialized (torchtitan's order); two micro-batches a step, the
-# first without gradient sync (the freeze in step 1's first switches the gather before its second).
+# first without gradient sync (calibration sums both into one vote; the freeze waits for the optimizer step).
 OPTIONS = ("autocast", "checkpointed", "telemetry", "ragged", "meta", "accumulated")
 
 
@@ -175,13 +175,14 @@ def test_quantized_gather_is_used_where_the_plan_allows(ranks):
     assert formats["telemetry"] == [["quantized", "quantized"]] * 2 + [["bf16", "bf16"]] + [["quantized", "quantized"]]
     assert formats["ragged"] == [["bf16", "bf16"]] * STEPS
     assert formats["late"] == [["quantized", "quantized"]] * 2 + [["bf16", "bf16"]] * 2  # a BF16 forward reads W whole
-    # Calibration (and the step that freezes) gathers W whole. Then layer 0 plans an IHT forward and
-    # dgrad; layer 2 an OE-left forward, which needs the whole W, except where the recipe forces a
-    # plain FP8 forward.
+    # Calibration (2 steps; the plan freezes before step 2's update) gathers W whole. Then layer 0
+    # plans an IHT forward and dgrad; layer 2 an OE-left forward, which needs the whole W, except
+    # where the recipe forces a plain FP8 forward.
     for name in ("lv2", "lv1"):
-        assert formats[name] == [["bf16", "bf16"]] * 3 + [["quantized", "bf16"]], name
-    assert formats["accumulated"] == [["bf16", "bf16"]] + [["quantized", "bf16"]] * 3
-    assert formats["fp8"] == [["bf16", "bf16"]] * 3 + [["quantized", "quantized"]]
+        assert formats[name] == [["bf16", "bf16"]] * 2 + [["quantized", "bf16"]] * 2, name
+    # Two micro-batches a step: the plan freezes at the optimizer step, never between them.
+    assert formats["accumulated"] == [["bf16", "bf16"]] * 2 + [["quantized", "bf16"]] * 2
+    assert formats["fp8"] == [["bf16", "bf16"]] * 2 + [["quantized", "quantized"]] * 2
     assert formats == {name: ranks[1][name]["low"]["formats"] for name in RECIPES}
 
 
