@@ -158,6 +158,42 @@ def test_calibrates_in_training_and_the_plan_travels_in_a_dcp_checkpoint(eager_a
             assert layer.votes.state_dict() == model.get_submodule(name).votes.state_dict()
 
 
+def test_a_saved_plan_builds_every_layer_frozen_and_a_missing_entry_is_an_error(tmp_path):
+    """``plan=`` skips calibration, as ``convert_model(plan=...)`` does; the plan of an
+    activation-checkpointed model names the layers without the wrapper."""
+    from torchtitan.distributed.activation_checkpoint import FullAC
+
+    from adahop.policy import LayerPlan
+
+    calibrated = build(debug_config(2, "adahop_lv2"))
+    FullAC(FullAC.Config()).apply(calibrated)
+    plans = [LayerPlan("mxfp4", "iht", "bf16"), LayerPlan("oe_left", "oe_right", "iht"), LayerPlan.uniform("bf16")]
+    for i, layer in enumerate(m for m in calibrated.modules() if isinstance(m, AdaHOPLinear)):
+        layer.set_plan(plans[i % 3])
+    plan = model_plan(calibrated)
+    assert len(plan) == 10 and not any("_checkpoint_wrapped_module" in name for name in plan)
+    plan.save(tmp_path / "plan.json")
+
+    config = AdaHOPConverter.Config(recipe="adahop_lv2", plan=str(tmp_path / "plan.json"))
+    built = build(config.build().convert(debug_config(2)))
+    assert dict(model_plan(built)) == dict(plan)  # every layer frozen: none calibrates
+
+    (tmp_path / "partial.json").write_text(plan.to_json().replace("layers.1.feed_forward.w2", "elsewhere"))
+    config = AdaHOPConverter.Config(recipe="adahop_lv2", plan=str(tmp_path / "partial.json"))
+    with pytest.raises(ValueError, match=r"has no entry for layers \['layers.1.feed_forward.w2'\]"):
+        config.build().convert(debug_config(2))
+
+
+def test_compile_enabled_leaves_dynamo_a_graph_per_block(monkeypatch):
+    """Blocks whose layers froze other plans are other graphs (tests/test_calibration_stacks.py
+    compiles a calibrating block fullgraph)."""
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
+    AdaHOPConverter.Config(recipe="adahop_lv2").build().convert(debug_config(3))
+    assert torch._dynamo.config.recompile_limit == 2
+    AdaHOPConverter.Config(recipe="adahop_lv2", model_compile_enabled=True).build().convert(debug_config(3))
+    assert torch._dynamo.config.recompile_limit == 4  # 3 blocks and the calibrating graph
+
+
 def test_ready_made_config_loads_through_torchtitans_cli():
     from torchtitan.config import ConfigManager
 

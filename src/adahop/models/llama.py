@@ -238,8 +238,9 @@ class Transformer(nn.Module):
                 nn.init.ones_(module.weight)
 
     def compile_blocks(self, backend: str = "inductor") -> None:
-        """``torch.compile`` each transformer block in place (the blocks share one graph, as in
-        torchtitan); ``Module.compile`` keeps the parameter names, so checkpoints are unaffected."""
+        """``torch.compile`` each transformer block in place (blocks share one graph where their layers
+        run the same plans, as in torchtitan; ``adahop.nn.compiling``); ``Module.compile`` keeps the
+        parameter names, so checkpoints are unaffected."""
         for block in self.layers:
             block.compile(backend=backend)
 

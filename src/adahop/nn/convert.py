@@ -150,8 +150,20 @@ def check_patterns(
             )
 
 
+# Names that wrappers insert between a model's modules (activation checkpointing, torch.compile):
+# a plan names the layers of the model as built, so it loads whatever wraps them now.
+WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.")
+
+
 def adahop_layers(model: nn.Module) -> dict[str, AdaHOPLinear]:
-    return {name: m for name, m in model.named_modules() if isinstance(m, AdaHOPLinear)}
+    """Every converted layer by its module name, without the wrappers' ``WRAPPER_PREFIXES``."""
+    layers = {}
+    for name, module in model.named_modules():
+        if isinstance(module, AdaHOPLinear):
+            for prefix in WRAPPER_PREFIXES:
+                name = name.replace(prefix, "")
+            layers[name] = module
+    return layers
 
 
 def set_bf16_forward(model: nn.Module, on: bool = True) -> None:

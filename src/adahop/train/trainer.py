@@ -46,6 +46,7 @@ from tqdm import tqdm
 from ..atomic import remove_stale_temp_files, write_atomic
 from ..models import num_params
 from ..nn import OsciReset, adahop_layers, model_plan, set_bf16_forward
+from ..nn.compiling import reserve_compiled_graphs
 from ..policy import NonFiniteTensorError
 from .builders import autocast_for, build_data, build_model_from_config, data_fingerprint, mean_loss, resolve_device
 from .checkpoint import (
@@ -350,6 +351,7 @@ class Trainer:
         Python hooks every step, a frozen plan never changes again."""
         if self._compiled or not self.cfg.training.compile or self.phase == "calibrating":
             return
+        reserve_compiled_graphs(len(self.model.layers))  # blocks with other plans are other graphs
         self.model.compile_blocks(self.cfg.training.compile_backend)
         self._compiled = True
         log.info(

@@ -35,6 +35,8 @@ class AdaHOPOptions:
     """fnmatch patterns of module names kept as nn.Linear, on top of the recipe's exclude."""
     min_features: int = DEFAULT_MIN_FEATURES
     """Layers with fewer input or output features stay nn.Linear."""
+    plan: str = ""
+    """A frozen plan (e.g. the adahop_plan.json of an earlier job) to skip calibration."""
 
 
 # No ``from __future__ import annotations`` here: torchtitan resolves these field types by name
@@ -58,7 +60,10 @@ class AdaHOPModelConverter:
 
     def convert(self, model: nn.Module) -> None:
         o = self.options
-        convert_model(model, self.recipe, exclude=o.exclude, min_features=o.min_features)
+        convert_model(model, self.recipe, exclude=o.exclude, min_features=o.min_features, plan=o.plan or None)
+        if o.plan:
+            logger.info("adahop: %d linear layers converted with the frozen plan %s", len(adahop_layers(model)), o.plan)
+            return
         logger.info(
             "adahop: %d linear layers converted (recipe %s); they calibrate for %d steps, then freeze their plans",
             len(adahop_layers(model)),
@@ -81,12 +86,12 @@ class AdaHOPModelConverter:
         self._frozen = frozen
 
     def _report(self, parts: list[nn.Module], frozen: int, total: int) -> None:
-        # A layer freezes in the forward after its last calibration step, so no layer of this
-        # process can have frozen by the end of its first step: those came from a checkpoint.
-        restored = self.steps == 1 and self.recipe.calibration_steps > 0
+        # A layer freezes before the update of its last calibration step, so none of this process
+        # can have frozen by its first step with more than one: those came from a checkpoint or a plan.
+        restored = self.steps == 1 and self.recipe.calibration_steps > 1
         if restored:
             logger.info(
-                "adahop: %d of %d layers resumed with the frozen plans of the checkpoint; they do not calibrate again",
+                "adahop: %d of %d layers started with frozen plans (the checkpoint's or --adahop.plan); they do not calibrate",
                 frozen,
                 total,
             )
