@@ -258,7 +258,7 @@ def test_short_run_writes_the_run_directory(recipe, small_overrides, tmp_path, c
     steps_logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step 6/6")]
     if cfg.recipe.adaptive:
         assert [r["phase"] for r in train[:3]] == ["calibrating", "calibrating", "frozen"]
-        assert len(plan_logs) == 1 and plan_logs[0].startswith("strategy plan frozen (step 3")
+        assert len(plan_logs) == 1 and plan_logs[0].startswith("strategy plan frozen (step 2")  # before its update
         assert steps_logged[0].endswith("frozen")
     else:  # one strategy: nothing calibrates or freezes, and one line says what every layer runs
         strategies = {s.value for p in plan.values() for s in p.strategies().values()}
