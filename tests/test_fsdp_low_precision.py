@@ -36,6 +36,8 @@ RECIPES = {
     "ragged": {"name": "mxfp4_hadamard"},
     "meta": {"name": "mxfp4_hadamard"},
     "accumulated": {"name": "adahop_lv2", "calibration_steps": 2},
+    "oe_right": {"name": "mxfp4_hadamard", "forward_strategy": "oe_right", "oe_k": 8},
+    "oe_right_k48": {"name": "mxfp4_hadamard", "forward_strategy": "oe_right", "oe_k": 48},
 }
 # Cases that also run differently (named after how): CPU bf16 autocast (W quantized from its bf16 cast); layer 0
 # under activation checkpointing (backward's re-gather serves the recomputed forward); pattern hooks
@@ -170,7 +172,7 @@ def test_quantized_gather_is_used_where_the_plan_allows(ranks):
     assert formats["iht"] == [["quantized", "quantized"]] * STEPS
     assert formats["2d"] == [["quantized", "quantized"]] * STEPS
     assert formats["sr"] == [["bf16", "bf16"]] * STEPS  # noise keyed by place in the whole weight
-    for name in ("autocast", "checkpointed", "meta"):
+    for name in ("autocast", "checkpointed", "meta", "oe_right", "oe_right_k48"):
         assert formats[name] == [["quantized", "quantized"]] * STEPS, name
     assert formats["telemetry"] == [["quantized", "quantized"]] * 2 + [["bf16", "bf16"]] + [["quantized", "quantized"]]
     assert formats["ragged"] == [["bf16", "bf16"]] * STEPS
@@ -238,6 +240,8 @@ def test_a_weight_gathered_quantized_is_read_only_by_the_gemms_it_was_made_for()
         {"name": "mxfp4_hadamard", "hadamard_block_size": 64},
         {"name": "mxfp4", "weight_blocks": "2d"},
         {"name": "mxfp4_hadamard", "forward_fmt": "fp8_e4m3_rowwise"},
+        {"name": "mxfp4_hadamard", "forward_strategy": "oe_right", "oe_k": 12},
+        {"name": "mxfp4_hadamard", "forward_strategy": "oe_right", "oe_k": 40},  # more than a piece's rows
     ],
 )
 def test_shards_of_whole_blocks_quantize_to_the_whole_weights_operands(recipe):
@@ -249,14 +253,17 @@ def test_shards_of_whole_blocks_quantize_to_the_whole_weights_operands(recipe):
 
     layer = AdaHOPLinear(64, 128, recipe=recipe)
     w = torch.randn(128, 64, generator=torch.Generator().manual_seed(0)) * torch.logspace(-3, 3, 64)
+    w[::7] *= 10.0  # outlier rows in every piece, two rows tied
+    w[20], w[100] = w[3], w[3]
     gather, (act, _, saved) = QuantizedWeightGather(), layer._specs
+    oe_k = layer.recipe.oe_k
     if layer.recipe.weight_blocks == "2d":
-        expected = [op.quantized for op in prepare_weight_tiles(w, layer.plan.forward, layer.plan.dgrad, act)]
+        expected = prepare_weight_tiles(w, layer.plan.forward, layer.plan.dgrad, act)
     else:
-        expected = [
-            prepare_operand(w, layer.plan.forward, "R", act).quantized,
-            prepare_operand(w.t(), layer.plan.dgrad, "R", saved).quantized,
-        ]
+        expected = (
+            prepare_operand(w, layer.plan.forward, "R", act, oe_k=oe_k),
+            prepare_operand(w.t(), layer.plan.dgrad, "R", saved, oe_k=oe_k),
+        )
     whole_block = max(32, layer.recipe.hadamard_block_size if recipe["name"] == "mxfp4_hadamard" else 32)
     for rows in (whole_block, whole_block // 2):
         pieces = [gather.quantize(layer, shard) for shard in w.split(rows)]
@@ -264,10 +271,17 @@ def test_shards_of_whole_blocks_quantize_to_the_whole_weights_operands(recipe):
         outputs = tuple(torch.cat(parts) for parts in zip(*(p[0] for p in pieces)))
         forward, dgrad, _ = gather.assemble(outputs, layouts, w.shape[0])
         equal = [
-            got.shape == want.shape
-            and all(torch.equal(a, b) for a, b in zip(vars(got).values(), vars(want).values()) if torch.is_tensor(a))
-            for got, want in zip((forward.quantized, dgrad.quantized), expected)
+            got.quantized.shape == want.quantized.shape
+            and all(
+                torch.equal(a, b)
+                for a, b in zip(vars(got.quantized).values(), vars(want.quantized).values())
+                if torch.is_tensor(a)
+            )
+            for got, want in zip((forward, dgrad), expected)
         ]
+        if expected[0].rows is not None:  # OE-right: the same top rows, in high precision
+            assert torch.equal(forward.rows, expected[0].rows) and torch.equal(forward.extracted, expected[0].extracted)
+            assert forward.dense is None
         if rows == whole_block:
             assert gather.refusal(layer, rows) is None and equal == [True, True]
         else:  # the forward's blocks still run along each row; dgrad's (or the tiles) straddle the pieces

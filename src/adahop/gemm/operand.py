@@ -46,6 +46,7 @@ class GemmOperand:
     dense: torch.Tensor | None = None  # high-precision operand (BF16 GEMM, or the other side's OE)
     rows: torch.Tensor | None = None  # indices of extracted outlier rows
     extracted: torch.Tensor | None = None  # those rows, in high precision
+    scores: torch.Tensor | None = None  # every row's outlier score they were chosen by (not saved for backward)
 
     def pack(self) -> tuple[list[torch.Tensor], tuple]:
         """Tensors for ``ctx.save_for_backward`` (so saved-tensor hooks see them) plus metadata."""
@@ -122,8 +123,8 @@ def prepare_operand(
     if extracts_here:
         # Rows are quantized independently (blocks and Hadamard blocks run along K), so the
         # extracted rows need not be zeroed first: their products are overwritten in tn_matmul.
-        op.quantized, scores = _rotate_and_quantize(t, spec, rotate, seed, fold, scores=True)
-        op.rows = ops.top_rows(scores, min(oe_k, t.shape[0]))
+        op.quantized, op.scores = _rotate_and_quantize(t, spec, rotate, seed, fold, scores=True)
+        op.rows = ops.top_rows(op.scores, min(oe_k, t.shape[0]))
         op.extracted = t[op.rows]
     else:
         op.quantized = _rotate_and_quantize(t, spec, rotate, seed, fold)

@@ -13,10 +13,13 @@ quantizes its own rows once per gather into what the layer's GEMMs read, and FSD
 - with ``weight_blocks="2d"`` one square-tile quantization serves both GEMMs: only it is
   gathered (``out / ranks`` a multiple of the tile), and Wᵀ is its transpose.
 
+An OE-right forward also gets its top rows of W in high precision: every row's score and each
+rank's own top rows are gathered, and the whole weight's top rows picked among those.
+
 So training is bit-identical to the BF16 (high-precision) gather. A layer keeps the
-high-precision gather where it reads W in high precision: while it calibrates, where its plan
-runs the forward or dgrad in BF16 or with outlier extraction (OE-left multiplies the other
-side's rows by the dense W; OE-right picks its top rows over the whole W), where W rounds
+high-precision gather where it reads all of W in high precision: while it calibrates, where its
+plan runs the forward in BF16 or OE-left (which multiplies the other side's rows by the dense W)
+or dgrad in BF16 or with outlier extraction, where W rounds
 stochastically (noise keyed by an element's place in the whole weight), where a rank's rows do
 not hold whole blocks, and on a step whose pattern hooks read W (telemetry). The choice is made
 per layer at each forward's gather, from the layer's plan; backward's re-gather repeats it.
@@ -50,6 +53,7 @@ import torch.utils._pytree as pytree
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from .. import ops
 from ..formats import MXTensor
 from ..formats.rowwise import ROWWISE_FP8, RowwiseFP8
 from ..formats.tiles import tiles_along_cols
@@ -75,7 +79,7 @@ class QuantizedWeightGather:
     def refusal(self, layer: AdaHOPLinear, rows: int) -> str | None:
         """Why this format cannot serve ``layer`` with ``rows`` rows per rank bit for bit (None: it can)."""
         plan, recipe = layer.running_plan, layer.recipe
-        if plan.forward not in QUANTIZED_ONLY or plan.dgrad not in QUANTIZED_ONLY:
+        if plan.forward not in (*QUANTIZED_ONLY, Strategy.OE_RIGHT) or plan.dgrad not in QUANTIZED_ONLY:
             return f"its plan reads W in high precision (forward {plan.forward.value}, dgrad {plan.dgrad.value})"
         if "stochastic" in (recipe.rounding, recipe.backward_rounding):
             return "W rounds stochastically, with noise keyed by each element's place in the whole weight"
@@ -92,27 +96,45 @@ class QuantizedWeightGather:
         return math.lcm(recipe.block_size, recipe.hadamard_block_size)
 
     def quantize(self, layer: AdaHOPLinear, shard: torch.Tensor) -> tuple[list[torch.Tensor], tuple]:
-        """This rank's rows as all-gather inputs (dim 0 along ``out``) and what ``assemble`` needs."""
+        """This rank's rows as all-gather inputs (dim 0 along ``out``) and what ``assemble`` needs.
+
+        An OE-right forward (top ``oe_k`` rows of W over the whole weight, kept in high precision)
+        also sends every row's score and this rank's own top rows: each of the whole weight's top
+        rows is among its rank's, so ``assemble`` picks them exactly as the layer would."""
         act, _, saved = layer._specs
         plan, oe_k = layer.running_plan, layer.recipe.oe_k
         if layer.recipe.weight_blocks == "2d":
             tiles = prepare_weight_tiles(shard, plan.forward, plan.dgrad, act)[0].quantized
             return _parts(tiles), (_layout(tiles),)
-        w = prepare_operand(shard, plan.forward, "R", act, oe_k=oe_k).quantized
+        w = prepare_operand(shard, plan.forward, "R", act, oe_k=oe_k)
         wt = prepare_operand(shard.t(), plan.dgrad, "R", saved, oe_k=oe_k).quantized  # MX, storage [in, rows]
-        return [*_parts(w), wt.data.t(), wt.scales.t()], (_layout(w), _layout(wt))
+        inputs = [*_parts(w.quantized), wt.data.t(), wt.scales.t()]
+        if w.rows is None:
+            return inputs, (_layout(w.quantized), _layout(wt), None)
+        selection = (min(oe_k, layer.out_features), w.rows.numel(), shard.shape[0])  # k, each rank's k, its rows
+        return [*inputs, w.scores, w.rows, w.extracted], (_layout(w.quantized), _layout(wt), selection)
 
     def assemble(
         self, outputs: tuple[torch.Tensor, ...], layouts: tuple, rows: int
     ) -> tuple[GemmOperand, GemmOperand, tuple[torch.Tensor, ...]]:
         """(forward R, dgrad R, the tensors made from the gathered ones) of the whole weight."""
-        w = _operand(outputs[:2], layouts[0], rows)
+        w = GemmOperand(quantized=_operand(outputs[:2], layouts[0], rows))
         if len(layouts) == 1:  # square tiles: Wᵀ is their transpose
-            wt = tiles_along_cols(w)
-        else:
-            data, scales = (t.t().clone(memory_format=torch.contiguous_format) for t in outputs[2:])
-            wt = _operand((data, scales), layouts[1], rows)
-        return GemmOperand(quantized=w), GemmOperand(quantized=wt), (wt.data, wt.scales)
+            wt = tiles_along_cols(w.quantized)
+            return w, GemmOperand(quantized=wt), (wt.data, wt.scales)
+        data, scales = (t.t().clone(memory_format=torch.contiguous_format) for t in outputs[2:4])
+        wt = _operand((data, scales), layouts[1], rows)
+        made = (data, scales)
+        if layouts[2] is not None:  # OE-right: the whole weight's top rows, among the ranks' own
+            k, per_rank, rank_rows = layouts[2]
+            scores, candidates, candidate_rows = outputs[4:]
+            owners = torch.arange(candidates.numel(), device=candidates.device) // per_rank
+            where = torch.full((rows,), -1, dtype=torch.int64, device=candidates.device)
+            where[candidates + owners * rank_rows] = torch.arange(candidates.numel(), device=candidates.device)
+            w.rows = ops.top_rows(scores, k)  # as prepare_operand picks them from the whole weight
+            w.extracted = candidate_rows[where[w.rows]]
+            made += (w.rows, w.extracted)
+        return w, GemmOperand(quantized=wt), made
 
 
 def _parts(q: MXTensor | RowwiseFP8) -> list[torch.Tensor]:
