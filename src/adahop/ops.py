@@ -48,6 +48,12 @@ def reference_only() -> Iterator[None]:
         _kernels_enabled = previous
 
 
+def _kernels_for(*tensors: torch.Tensor) -> bool:
+    """Whether a Triton/cuBLAS kernel runs on ``tensors``: not under ``reference_only``, and not
+    on an empty tensor (an empty batch takes the reference, which handles every shape)."""
+    return _kernels_enabled and all(t.numel() for t in tensors)
+
+
 def _eager_cuda(t: torch.Tensor) -> bool:
     """Call the CUDA implementation directly: in eager mode the custom-op dispatch adds tens of
     microseconds per call (measured), and a training step makes hundreds of these calls. Under
@@ -106,7 +112,7 @@ def quantize_mx_op(
 
 @quantize_mx_op.register_kernel("cuda")
 def _quantize_mx_cuda(x, fmt, axis, block_size, scale_rule, rounding, seed, hadamard_block_size, signs, scores):
-    if not _kernels_enabled:
+    if not _kernels_for(x):
         return _quantize_reference(
             x, fmt, axis, block_size, scale_rule, rounding, seed, hadamard_block_size, signs, scores
         )
@@ -240,7 +246,7 @@ def quantize_fold_op(
 
 @quantize_fold_op.register_kernel("cuda")
 def _quantize_fold_cuda(x, scale_rule, rounding, seed, hadamard_block_size, signs, scores):
-    if not _kernels_enabled:
+    if not _kernels_for(x):
         return _quantize_fold_reference(x, scale_rule, rounding, seed, hadamard_block_size, signs, scores)
     from .kernels.quantize_fold import quantize_fold_fp8
 
@@ -302,7 +308,7 @@ def quantize_rowwise_op(
 
 @quantize_rowwise_op.register_kernel("cuda")
 def _quantize_rowwise_cuda(x, hadamard_block_size, signs, scores):
-    if not _kernels_enabled:
+    if not _kernels_for(x):
         return _quantize_rowwise_reference(x, hadamard_block_size, signs, scores)
     from .kernels.quantize_rowwise import quantize_fp8_rowwise_triton
 
@@ -367,7 +373,7 @@ def top_rows_op(scores: torch.Tensor, k: int) -> torch.Tensor:
 def _top_rows_cuda(scores, k):
     from .kernels.select import MAX_ROWS, top_rows_triton
 
-    if not _kernels_enabled or scores.numel() > MAX_ROWS:
+    if not _kernels_for(scores) or scores.numel() > MAX_ROWS:
         return top_rows_reference(scores, k)  # the same rule, by a sort
     return top_rows_triton(scores, k)
 
@@ -415,7 +421,7 @@ def mx_matmul_op(
 @mx_matmul_op.register_kernel("cuda")
 def _mx_matmul_cuda(a_data, a_scales, b_data, b_scales, fmt, block_size, out_dtype, fast_accum):
     route = route_of(a_data.device, b_data.shape[0], fmt, block_size)
-    if route == GemmRoute.REFERENCE:
+    if route == GemmRoute.REFERENCE or not _kernels_for(a_data, b_data):
         return _matmul_reference(a_data, a_scales, b_data, b_scales, fmt, block_size, out_dtype)
     from .kernels.gemm import route_matmul
 
@@ -462,7 +468,7 @@ def fold_op(
 
 @fold_op.register_kernel("cuda")
 def _fold_cuda(data, scales, block_size):
-    if not _kernels_enabled:
+    if not _kernels_for(data):
         return _fold_reference(data, scales, block_size)
     from .kernels.fold import fold_to_fp8
 
@@ -504,7 +510,7 @@ def folded_matmul(
     a, b = (fold_fp8(t) if isinstance(t, MXTensor) else t for t in (a, b))
     if a.shape[1] != b.shape[1]:
         raise ValueError(f"row-wise FP8 operands differ in K: {tuple(a.shape)} and {tuple(b.shape)}")
-    if route == GemmRoute.FOLD_FP8:
+    if route == GemmRoute.FOLD_FP8 and _kernels_for(a.data, b.data):
         from .kernels.gemm import fold_fp8_matmul
 
         return fold_fp8_matmul(a, b, out_dtype, fast_accum)

@@ -143,17 +143,23 @@ def _read_jsonl(path: Path) -> Iterator[str]:
 
 
 def _read_parquet(path: Path) -> Iterator[str]:
+    import pyarrow as pa
     import pyarrow.parquet as pq  # optional dependency: only parquet users need it
 
-    parquet = pq.ParquetFile(path)
-    columns = parquet.schema_arrow.names
-    if TEXT_FIELD not in columns:
-        raise DataSourceError(f"{path}: no {TEXT_FIELD!r} column (columns: {', '.join(columns)})")
-    row = 0
-    for batch in parquet.iter_batches(columns=[TEXT_FIELD]):
-        for value in batch.column(0).to_pylist():
-            yield as_document(value, f"{path}: row {row}")
-            row += 1
+    try:  # a file cut short or damaged shows when its footer or a page is read
+        parquet = pq.ParquetFile(path)
+        columns = parquet.schema_arrow.names
+        if TEXT_FIELD not in columns:
+            raise DataSourceError(f"{path}: no {TEXT_FIELD!r} column (columns: {', '.join(columns)})")
+        row = 0
+        for batch in parquet.iter_batches(columns=[TEXT_FIELD]):
+            for value in batch.column(0).to_pylist():
+                yield as_document(value, f"{path}: row {row}")
+                row += 1
+    except (pa.ArrowException, OSError) as e:
+        if isinstance(e, OSError) and e.errno is not None:  # the file system's error: the caller says it
+            raise
+        raise DataSourceError(f"{path}: not a readable parquet file ({e}); check or re-download it") from None
 
 
 READERS: dict[str, Callable[[Path], Iterator[str]]] = {

@@ -153,10 +153,12 @@ def quantize_mx_fast(
 
 
 def _storage_order(t: torch.Tensor, p: int, q: int, other: tuple[int, ...]) -> torch.Tensor:
-    """``[P, n, Q]`` values as contiguous ``[*other, n]`` (2-D transposes take torch's blocked copy)."""
-    t = t.view(p, -1, q)
+    """``[P, n..., Q]`` values as contiguous ``[*other, n]`` (2-D transposes take torch's blocked
+    copy); ``n`` is spelled out, not ``-1``, so that an empty tensor keeps its shape."""
+    n = math.prod(t.shape[1:-1])
+    t = t.view(p, n, q)
     t = t[0].t().contiguous() if p == 1 else t.transpose(1, 2).contiguous()
-    return t.view(*other, -1)
+    return t.view(*other, n)
 
 
 @functools.cache
@@ -175,4 +177,4 @@ def dequantize_blocked_fast(mx: MXTensor) -> torch.Tensor:
     rows = mx.data.unflatten(-1, (mx.scales.shape[-1], mx.block_size // 2))
     index = rows + (mx.scales.to(torch.int32) << 8).unsqueeze(-1)
     pairs = _e2m1_scaled_pair_table(mx.device).index_select(0, index.reshape(-1))
-    return pairs.view(torch.float32).view(*mx.data.shape[:-1], -1)
+    return pairs.view(torch.float32).view(*mx.data.shape[:-1], 2 * mx.data.shape[-1])  # no -1: empty stays empty

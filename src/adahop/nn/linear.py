@@ -318,7 +318,20 @@ class AdaHOPLinear(nn.Linear):
             raise ValueError(f"AdaHOPLinear needs a 2-D weight, got shape {tuple(self.weight.shape)}")
         if not x.is_floating_point():
             raise TypeError(f"AdaHOPLinear expects a floating-point input, got {x.dtype}")
-        quantizes = not (self.plan is not None and self.plan.all_bf16) and not torch.is_autocast_enabled(x.device.type)
+        if x.is_meta != self.weight.is_meta:  # both on meta: shapes only, as nn.Linear (see forward)
+            what = "its input is" if x.is_meta else "its weight is"
+            raise ValueError(
+                f"AdaHOPLinear(layer_id={self.layer_id}): {what} on the meta device (no values) and the other "
+                f"on {(self.weight if x.is_meta else x).device}; "
+                + (
+                    "pass a real tensor"
+                    if x.is_meta
+                    else "materialize the model first (model.to_empty(device=...), then initialize it)"
+                )
+            )
+        quantizes = not (self.plan is not None and self.plan.all_bf16 or x.is_meta) and not torch.is_autocast_enabled(
+            x.device.type
+        )
         if quantizes and x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
             raise TypeError(
                 f"AdaHOPLinear(in_features={self.in_features}, out_features={self.out_features}, "
@@ -330,6 +343,8 @@ class AdaHOPLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input(x)
+        if x.is_meta:  # the output's shape (e.g. for FLOP counting), as nn.Linear: nothing to quantize or vote
+            return F.linear(x, self.weight, self.bias)
         if self.plan is None:
             y = F.linear(x, self.weight, self.bias)
             return observe(y, x, self.weight, self) if self.training else y

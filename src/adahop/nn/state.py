@@ -29,6 +29,7 @@ _HEADER = 1 + len(GEMMS) + len(ROLES)
 _TABLE = len(ROLES) * len(PATTERNS)
 STATE_SIZE = _HEADER + 2 * _TABLE
 NONE = -1
+_MAX_PLAUSIBLE_VERSION = 255  # a version field past this is damage, not a newer adahop
 
 
 def new_state() -> torch.Tensor:
@@ -63,10 +64,19 @@ def decode_state(state: torch.Tensor | Mapping[str, Any]) -> tuple[LayerPlan | N
             f"corrupt AdaHOPLinear extra state: expected an int64 tensor of {STATE_SIZE} entries, got {state!r}"
         )
     values = state.tolist()
+    if STATE_VERSION < values[0] <= _MAX_PLAUSIBLE_VERSION:
+        raise ValueError(
+            f"AdaHOPLinear extra state version {values[0]} was written by a newer adahop (this one reads "
+            f"{STATE_VERSION}); upgrade adahop"
+        )
     if values[0] != STATE_VERSION:
-        raise ValueError(f"AdaHOPLinear extra state version {values[0]} is not {STATE_VERSION}; upgrade adahop")
-    strategies = values[1 : 1 + len(GEMMS)]
-    patterns = values[1 + len(GEMMS) : _HEADER]
+        raise ValueError(f"corrupt AdaHOPLinear extra state: version field {values[0]}, expected {STATE_VERSION}")
+    strategies = [_code(c, STRATEGY_CODES, "strategy") for c in values[1 : 1 + len(GEMMS)]]
+    patterns = [_code(c, PATTERNS, "pattern") for c in values[1 + len(GEMMS) : _HEADER]]
+    if (NONE in strategies and set(strategies) != {NONE}) or (NONE in patterns and set(patterns) != {NONE}):
+        raise ValueError(f"corrupt AdaHOPLinear extra state: a plan with some of its entries unset: {values[:_HEADER]}")
+    if any(n < 0 for n in values[_HEADER:]):
+        raise ValueError(f"corrupt AdaHOPLinear extra state: negative vote counts: {values[_HEADER:]}")
     plan = None
     if strategies[0] != NONE:
         plan = LayerPlan(
@@ -79,3 +89,10 @@ def decode_state(state: torch.Tensor | Mapping[str, Any]) -> tuple[LayerPlan | N
         rows = [flat[j * len(PATTERNS) : (j + 1) * len(PATTERNS)] for j in range(len(ROLES))]
         tables[table] = {r: {p: n for p, n in zip(PATTERNS, row) if n} for r, row in zip(ROLES, rows)}
     return plan, tables
+
+
+def _code(value: int, names: tuple[str, ...], what: str) -> int:
+    """``value`` if it is a valid index into ``names`` (or NONE); corrupt otherwise."""
+    if value != NONE and not 0 <= value < len(names):
+        raise ValueError(f"corrupt AdaHOPLinear extra state: {what} code {value} is not one of 0..{len(names) - 1}")
+    return value

@@ -33,7 +33,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from ..models import MODEL_PRESETS
 from ..recipes import DEFAULT_RECIPE, RECIPES
-from .checkpoint import CHECKPOINT_DIR, CheckpointError, latest_checkpoint
+from .checkpoint import CHECKPOINT_DIR, CheckpointError, latest_checkpoint, list_checkpoints
 from .config import ConfigError, TrainConfig, apply_overrides, flatten, load_config
 from .distributed import (
     ParallelEnv,
@@ -46,6 +46,7 @@ from .distributed import (
     silent_ranks,
     timed_out,
 )
+from .failures import describe_out_of_memory, describe_write_failure, out_of_memory
 from .metrics import METRICS_FILE, PLOT_FILE, TENSORBOARD_DIR
 from .run_lock import RunDirectoryInUseError, run_lock
 from .stopping import SIGTERM_EXIT_STATUS, StopRequest, Terminated, on_sigterm
@@ -135,6 +136,11 @@ def resolve_config(args: argparse.Namespace, overrides: list[tuple[str, Any]]) -
     if path is None and args.resume:
         saved = apply_overrides(TrainConfig(), overrides).run_dir / CONFIG_FILE
         path = saved if saved.exists() else None
+        if path is None and all(key == "out" for key, _ in overrides) and list_checkpoints(saved.parent):
+            raise ConfigError(
+                f"--resume: {saved} is missing, so the run's settings are unknown; pass the config it was "
+                "started with (--config FILE.toml) or all its --section.field=VALUE flags"
+            )
     return load_config(path, overrides)
 
 
@@ -223,10 +229,12 @@ def _train(
     except (CheckpointError, NonFiniteLossError, RunDirectoryInUseError) as e:
         return _fail(env, str(e))
     except OSError as e:  # disk full, directory removed, file made read-only
-        return _fail(env, f"cannot write {e.filename or cfg.run_dir}: {e.strerror or e}; {_where(trainer, cfg)}")
+        return _fail(env, f"{describe_write_failure(e, cfg.run_dir)}; {_where(trainer, cfg)}")
     except KeyboardInterrupt:
         return _fail(env, f"interrupted; {_where(trainer, cfg)}", status=130)
     except Exception as e:
+        if out_of_memory(e):
+            return _fail(env, f"{describe_out_of_memory(cfg, env.device)}; {_where(trainer, cfg)}")
         if not env.distributed:
             raise
         if timed_out(e):
@@ -286,6 +294,8 @@ def _where(trainer: Trainer | None, cfg: TrainConfig) -> str:
     """Where a stopped run stands and how to continue it, for the one-line error."""
     at = "before training started" if trainer is None else f"at step {trainer.step} of {cfg.training.steps}"
     latest = latest_checkpoint(cfg.run_dir)
+    if latest is None and trainer is None:  # this run wrote nothing yet: the same command runs again
+        return f"stopped {at}, with nothing to resume; rerun the same command once that is fixed"
     if latest is None:
         return f"stopped {at}, with no checkpoint to resume from; delete {cfg.run_dir} and rerun to start over"
     world = trainer.env.world_size if trainer is not None else 1

@@ -43,7 +43,10 @@ from ..recipes import DEFAULT_RECIPE, Recipe, get_recipe
 
 DEVICES = ("auto", "cpu", "cuda")
 RUNS_DIR = "runs"
+MAX_SEED = 2**32 - 1  # numpy's generator takes seeds in [0, 2**32)
+MAX_RANKS = 2**16  # seeds kept free above a run's seed: rank r seeds with seed + offset + r
 MIN_VOCAB_SIZE = 257  # byte-level BPE: 256 byte tokens plus the end-of-document token
+MAX_VOCAB_SIZE = 2**20  # 4x the largest vocabularies in use (256k); past it only a typo
 TRUE_WORDS, FALSE_WORDS = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 
 
@@ -178,8 +181,21 @@ class TrainConfig:
         for key in _NON_NEGATIVE:
             if _get(self, key) < 0:
                 raise ConfigError(f"{key} must be >= 0, got {_get(self, key)}")
+        seeds = self.training.seed + self.training.rounding_seed_offset
+        for key in ("training.seed", "training.rounding_seed_offset"):
+            if not 0 <= _get(self, key) <= MAX_SEED:
+                raise ConfigError(
+                    f"{key} must be an integer in [0, {MAX_SEED}] (numpy's seed range), got {_get(self, key)}"
+                )
+        if seeds + MAX_RANKS > MAX_SEED:
+            raise ConfigError(
+                f"training.seed + training.rounding_seed_offset = {seeds} leaves no seed for every rank "
+                f"(each adds its rank); keep the sum at most {MAX_SEED - MAX_RANKS}"
+            )
         if self.data.vocab_size < MIN_VOCAB_SIZE:
             raise ConfigError(f"data.vocab_size must be >= {MIN_VOCAB_SIZE} (bytes + end of document)")
+        if self.data.vocab_size > MAX_VOCAB_SIZE:  # the BPE trainer would abort the process allocating for it
+            raise ConfigError(f"data.vocab_size must be <= {MAX_VOCAB_SIZE}, got {self.data.vocab_size}")
         if not 0 < self.data.val_fraction < 1:
             raise ConfigError(f"data.val_fraction must be in (0, 1), got {self.data.val_fraction}")
         if not all(0 <= b < 1 for b in self.optim.betas):
@@ -353,9 +369,14 @@ def load_config(path: str | Path | None = None, overrides: list[tuple[str, Any]]
     cfg = TrainConfig()
     if path is not None:
         try:
-            apply_overrides(cfg, flatten(tomllib.loads(Path(path).read_text())))
+            apply_overrides(cfg, flatten(tomllib.loads(Path(path).read_text(encoding="utf-8"))))
         except OSError as e:
             raise ConfigError(f"cannot read config {path}: {e.strerror}") from None
+        except UnicodeDecodeError as e:
+            raise ConfigError(
+                f"{path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); "
+                "TOML files are UTF-8: save it as UTF-8"
+            ) from None
         except (tomllib.TOMLDecodeError, ConfigError) as e:
             raise ConfigError(f"{path}: {e}") from None
     apply_overrides(cfg, list(overrides))
