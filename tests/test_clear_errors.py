@@ -178,12 +178,13 @@ def test_a_meta_input_gives_the_shape_or_a_line_saying_what_to_do():
     ],
 )
 def test_a_damaged_extra_state_is_called_corrupt_not_a_version_mismatch(index, value, expected):
-    layer = AdaHOPLinear(64, 32, recipe="adahop_lv2")
-    layer.train()
-    for _ in range(3):  # calibrate and freeze: every field of the state is set
+    layer = AdaHOPLinear(64, 32, recipe={"name": "adahop_lv2", "calibration_steps": 2})
+    optimizer = torch.optim.SGD(layer.parameters(), lr=1e-3)
+    for _ in range(3):  # calibrate and freeze (at the optimizer's step): every field of the state is set
         layer(torch.randn(8, 64, requires_grad=True)).sum().backward()
+        optimizer.step()
     state = layer.get_extra_state().clone()
-    assert decode_state(state)[0] == layer.plan
+    assert layer.plan is not None and decode_state(state)[0] == layer.plan
     state[index] = value
     with pytest.raises(ValueError, match=expected.replace("(", r"\(")):
         decode_state(state)
