@@ -4,7 +4,15 @@ import numpy as np
 import pytest
 import torch
 
-from adahop.policy.patterns import DEFAULT_THRESHOLD, MIN_LINE_LENGTH, detect_pattern, pattern_stats
+from adahop.policy.patterns import (
+    DEFAULT_THRESHOLD,
+    MIN_LINE_LENGTH,
+    decide,
+    detect_pattern,
+    line_stats,
+    merged_scores,
+    pattern_stats,
+)
 
 
 def reference_scores(t: torch.Tensor) -> tuple[float, float]:
@@ -134,3 +142,33 @@ def test_stats_to_dict():
     d = pattern_stats(gaussian((64, 64), 0)).to_dict()
     assert d["shape"] == (64, 64) and d["threshold"] == DEFAULT_THRESHOLD and d["pattern"] == "none"
     assert set(d) == {"shape", "row_score", "col_score", "top_row", "top_col", "threshold", "pattern"}
+
+
+@pytest.mark.parametrize("planted", ["row", "col", "none", "zero rows"])
+def test_statistics_merged_from_parts_score_as_the_whole_tensor(planted):
+    """What calibration sums over micro-batches and ranks: the parts of a tensor split by rows give
+    the whole's scores (rows exactly, columns up to summation order), close to ``pattern_stats``."""
+    t = gaussian((512, 96), 0)
+    if planted == "row":
+        t[[7, 300]] *= 10
+    elif planted == "col":
+        t[:, 5] *= 10
+    elif planted == "zero rows":
+        t[:200] = 0
+    whole = merged_scores(*line_stats(t)).tolist()
+    parts = [line_stats(part) for part in t.split([100, 300, 112])]
+    sums, maxes = sum(p[0] for p in parts), torch.stack([p[1] for p in parts]).amax(0)
+    merged = merged_scores(sums, maxes).tolist()
+    assert merged[:2] == whole[:2] and merged[0] == 512 and merged[3] == 0  # rows, row score, finite
+    assert merged[2] == pytest.approx(whole[2], rel=1e-6)
+    exact = pattern_stats(t)
+    assert whole[1] == pytest.approx(exact.row_score, rel=0.011)  # the binned row median
+    assert whole[2] == pytest.approx(exact.col_score, rel=1e-6)
+    expected = {"row": "row", "col": "col"}.get(planted, "none")
+    assert decide(tuple(t.shape), merged[1], merged[2], DEFAULT_THRESHOLD) == exact.pattern == expected
+
+
+def test_merged_statistics_flag_non_finite_values():
+    t = gaussian((64, 64), 0)
+    t[3, 4] = float("nan")
+    assert merged_scores(*line_stats(t))[3] == 1
