@@ -347,8 +347,8 @@ class Trainer:
         log.info("strategy plan %s (step %d, recipe %s):\n%s", how, self.step, recipe, plan.summary())
 
     def _maybe_compile(self) -> None:
-        """Compile the transformer blocks once no layer calibrates: a calibrating layer runs
-        Python hooks every step, a frozen plan never changes again."""
+        """Compile the transformer blocks once no layer calibrates: calibration would compile (it
+        traces) but run its BF16 graph for a few steps only; a frozen plan never changes again."""
         if self._compiled or not self.cfg.training.compile or self.phase == "calibrating":
             return
         reserve_compiled_graphs(len(self.model.layers))  # blocks with other plans are other graphs
@@ -359,8 +359,8 @@ class Trainer:
         )
 
     def _maybe_graph(self) -> None:
-        """Replay micro-steps as a CUDA graph once no layer calibrates (calibration votes on the
-        host every step; a frozen step never waits on it). Not with several ranks: a graph would
+        """Replay micro-steps as a CUDA graph once no layer calibrates (calibration reads its
+        statistics on the host at every step boundary; a frozen step never waits on it). Not with several ranks: a graph would
         not capture FSDP's collectives (their buffers and streams live outside it)."""
         if self._graphed is not None or not self.cfg.training.cuda_graph or self.device.type != "cuda":
             return
