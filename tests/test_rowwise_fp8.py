@@ -12,6 +12,7 @@ import torch
 
 from adahop.formats.rowwise import ROWWISE_K_ALIGN, quantize_fp8_rowwise, rowwise_scale_exponent
 from adahop.nn import AdaHOPLinear
+from adahop.policy import end_calibration_step
 from adahop.policy.strategies import GEMMS, ROLES, LayerPlan, Strategy, plan_for_patterns
 from adahop.recipes import Recipe, get_recipe
 from adahop.transforms import hadamard_transform
@@ -181,8 +182,8 @@ def test_fp8_forward_recipe_plans_plain_fp8_forward_and_the_lv1_backward():
     assert (r.forward_fmt, r.forward_strategy, r.table, r.grad_rounding) == (ROWWISE, "mxfp4", "lv1", "stochastic")
     layer = AdaHOPLinear(64, 80, bias=False, recipe=dataclasses.replace(r, calibration_steps=1))
     x, g = inputs()
-    run(layer, x, g)  # calibrates
-    run(layer, x, g)  # freezes at its first forward
+    run(layer, x, g)  # calibrates: one step's votes
+    end_calibration_step(layer)  # the step boundary: the plan freezes
     table = dict(zip(GEMMS, plan_for_patterns(*(layer.plan.patterns[k] for k in ROLES), "lv1").strategies().values()))
     assert layer.plan.forward is Strategy.MXFP4 and (layer.plan.dgrad, layer.plan.wgrad) == (
         table["dgrad"],
