@@ -202,3 +202,18 @@ def test_one_killed_rank_is_one_line(small_overrides, tmp_path):
     assert len(lines) == 1, err
     assert "another rank exited without a word (killed, e.g. by the out-of-memory killer, or crashed" in lines[0]
     assert "continue with: torchrun --nproc-per-node=2 -m adahop train" in lines[0]
+
+
+@pytest.mark.slow
+@TORCHRUN
+def test_ctrl_c_under_torchrun_is_one_line(small_overrides, tmp_path):
+    """Ctrl-C signals the terminal's whole process group: every worker stops where it is and the
+    first to stop prints the one line (workers exit 130; torchrun's own exit status is torchrun's)."""
+    run = tmp_path / "run"
+    process = torchrun(as_argv(small_overrides(run, **ONE_BLOCK, training__steps=300)))
+    wait_for(run / "checkpoints" / "step_0000002", process)
+    os.killpg(process.pid, signal.SIGINT)
+    _, err = process.communicate()
+    lines = [line for line in err.splitlines() if line.startswith("adahop train:")]
+    assert len(lines) == 1 and "interrupted; stopped at step " in lines[0], err
+    assert f"continue with: torchrun --nproc-per-node=2 -m adahop train --out {run} --resume" in lines[0]

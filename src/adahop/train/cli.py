@@ -24,8 +24,10 @@ import argparse
 import contextlib
 import logging
 import os
+import signal
 import sys
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -231,7 +233,8 @@ def _train(
     except OSError as e:  # disk full, directory removed, file made read-only
         return _fail(env, f"{describe_write_failure(e, cfg.run_dir)}; {_where(trainer, cfg)}")
     except KeyboardInterrupt:
-        return _fail(env, f"interrupted; {_where(trainer, cfg)}", status=130)
+        with _ignoring(signal.SIGINT):  # under torchrun a second SIGINT follows (forwarded): not mid-line
+            return _fail(env, f"interrupted; {_where(trainer, cfg)}", status=130)
     except Exception as e:
         if out_of_memory(e):
             return _fail(env, f"{describe_out_of_memory(cfg, env.device)}; {_where(trainer, cfg)}")
@@ -246,6 +249,20 @@ def _train(
                 f"(killed, e.g. by the out-of-memory killer, or crashed: see the launcher's report); {_where(trainer, cfg)}",
             )
         return _fail_unexpected(env, e, trainer, cfg)
+
+
+@contextlib.contextmanager
+def _ignoring(signum: int) -> Iterator[None]:
+    """Ignore ``signum`` within the block (where the main thread can: elsewhere nothing changes)."""
+    try:
+        previous = signal.signal(signum, signal.SIG_IGN)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signum, previous)
 
 
 def _missing_resume(args: argparse.Namespace, cfg: TrainConfig) -> bool:
