@@ -25,6 +25,8 @@ from triton.compiler import ASTSource
 from adahop.kernels import fold
 from adahop.kernels import quantize as q
 from adahop.kernels import quantize_fold as qf
+from adahop.kernels.launch import common_constexprs
+from adahop.kernels.quantize_general import _quantize_mx_kernel
 
 SM90 = GPUTarget("cuda", 90, 32)
 # Triton types of the runtime arguments, by name (bfloat16 input is passed as int16 bits).
@@ -114,7 +116,7 @@ def variants() -> Iterator[tuple[str, triton.JITFunction, dict, dict, dict]]:
                 )
                 constexprs = _scored({k: v for k, v in plan.constexprs.items() if k not in LAUNCH_OPTIONS})
                 options = {k: plan.constexprs[k] for k in LAUNCH_OPTIONS if plan.constexprs.get(k) is not None}
-                if plan.kernel is q._quantize_mx_kernel:
+                if plan.kernel is _quantize_mx_kernel:
                     constexprs["stride_n"] = 1  # the JIT specializes a unit stride
                 orientation = "both" if rowwise and colwise else "rowwise" if rowwise else "colwise"
                 yield (
@@ -129,7 +131,7 @@ def variants() -> Iterator[tuple[str, triton.JITFunction, dict, dict, dict]]:
             for hb in (0, 32):
                 block_m, block_n, warps = qf._tile(2048, True)
                 constexprs = dict(
-                    q.common_constexprs(torch.bfloat16, True, "mxfp4", "floor", rounding, False, scores),
+                    common_constexprs(torch.bfloat16, True, "mxfp4", "floor", rounding, False, scores),
                     BLOCK_M=block_m,
                     BLOCK_N=block_n,
                     HADAMARD=hb,

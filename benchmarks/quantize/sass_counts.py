@@ -21,7 +21,9 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from adahop.formats.mx import ELEMENT_FORMATS
-from adahop.kernels import quantize as q
+from adahop.kernels.launch import max_code
+from adahop.kernels.quantize_general import _quantize_mx_kernel
+from adahop.kernels.quantize_mxfp4 import _quantize_cols_kernel, _quantize_rows_kernel
 from adahop.kernels.quantize_tiling import CUDA_TILINGS
 
 MXFP4 = ELEMENT_FORMATS["mxfp4"]
@@ -31,7 +33,7 @@ FORMAT = dict(
     EMIN=MXFP4.emin,
     MBITS=MXFP4.mbits,
     MAX_NORMAL=MXFP4.max_normal,
-    MAX_CODE=q._max_code(MXFP4),
+    MAX_CODE=max_code(MXFP4),
 )
 BF16_IN = dict(INPUT_BF16=True, ROUND_TO="bf16", NATIVE_CASTS=True, HAS_SIGNS=False, SCORES=False)
 _INSTRUCTION = re.compile(r"^[0-9a-f-]{2}:\S+\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)")
@@ -96,7 +98,7 @@ def cases():
             )
             yield (
                 f"{orientation} {'SR' if stochastic else 'RN'} (general kernel)",
-                compile_sm90(q._quantize_mx_kernel, general, consts, t.num_warps),
+                compile_sm90(_quantize_mx_kernel, general, consts, t.num_warps),
                 t.block_m * t.block_n,
             )
     rows = {
@@ -120,7 +122,7 @@ def cases():
             consts = dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, HADAMARD=hb, STOCHASTIC=stochastic, **BF16_IN, **FORMAT)
             yield (
                 f"rowwise{' H32' if hb else ''} {tag}",
-                compile_sm90(q._quantize_rows_kernel, rows, consts, t.num_warps),
+                compile_sm90(_quantize_rows_kernel, rows, consts, t.num_warps),
                 t.block_m * t.block_n,
             )
         for hb in (0, 32):
@@ -128,7 +130,7 @@ def cases():
             consts = dict(BLOCK_N=t.block_n, HADAMARD=hb, STOCHASTIC=stochastic, **BF16_IN, **FORMAT)
             yield (
                 f"colwise{' H32' if hb else ''} {tag}",
-                compile_sm90(q._quantize_cols_kernel, cols, consts, t.num_warps),
+                compile_sm90(_quantize_cols_kernel, cols, consts, t.num_warps),
                 32 * t.block_n,
             )
 

@@ -28,8 +28,7 @@ from ..formats.folded import FOLD_BLOCK, FoldedFP8, folds_directly
 from ..formats.mx import check_quantize_args
 from ..transforms.hadamard import check_hadamard_args
 from .fold import _MIN_NORMAL_SHIFT, FLUSH_SHIFT, FOLD_OFFSET, _fold_nibbles
-from .launch import INTERPRET, cdiv
-from .quantize import common_constexprs, seed_pointer, zero_seed
+from .launch import INTERPRET, cdiv, common_constexprs, seed_pointer, zero_seed
 from .quantize_blocks import row_blocks, row_codes
 
 ELEMENTS_PER_THREAD = 32  # one block per thread, as in the row-wise quantize kernel

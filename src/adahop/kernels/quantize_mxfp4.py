@@ -1,0 +1,171 @@
+"""The MXFP4 quantize kernels for the shapes training uses (block 32, no or a 32-point Hadamard):
+row-wise (the forward and dgrad operands) and column-wise (the wgrad operands and dgrad's Wᵀ).
+Both keep every block inside one thread, where the general kernel (``quantize_general.py``) lets
+Triton spread a block over lanes and pays in shuffles and selects. ``kernels/quantize.py`` picks
+and launches them.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .mx_math import (
+    encode_e2m1_nearest,
+    encode_elements,
+    max_keeping_nan,
+    philox_noise_runs,
+    round_to_input_dtype,
+    walsh_hadamard_butterfly,
+)
+from .quantize_blocks import block_scales, record_scores, row_blocks, row_word, to_float32
+
+
+@triton.jit
+def _quantize_rows_kernel(
+    x_ptr,
+    signs_ptr,
+    data_ptr,
+    scale_ptr,
+    score_ptr,
+    M,
+    N,
+    stride_m,
+    n_padded,
+    seed_ptr,
+    hadamard_scale,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HADAMARD: tl.constexpr,
+    INPUT_BF16: tl.constexpr,
+    ROUND_TO: tl.constexpr,
+    NATIVE_CASTS: tl.constexpr,
+    HAS_SIGNS: tl.constexpr,
+    RULE: tl.constexpr,
+    STOCHASTIC: tl.constexpr,
+    EMAX: tl.constexpr,
+    EMIN: tl.constexpr,
+    MBITS: tl.constexpr,
+    MAX_NORMAL: tl.constexpr,
+    MAX_CODE: tl.constexpr,
+    SCORES: tl.constexpr,
+):
+    """Row-wise MXFP4 (block 32, optional 32-point Hadamard): the forward and dgrad operands.
+
+    The same arithmetic as ``quantize_tile``, laid out so that no value crosses a lane
+    (``row_blocks``): the block maximum, the codes and the four 32-bit words (one 16-byte
+    store) stay in the thread. The general kernel lets Triton spread a block over lanes and
+    pays for it in shuffles and selects (``benchmarks/quantize/sass_counts.py`` counts them). Loading one
+    coalesced tile and splitting it into slices instead makes Triton move them through shuffles
+    again.
+    """
+    NB: tl.constexpr = BLOCK_N // 32
+    seed = tl.load(seed_ptr)
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    blocks = tl.program_id(1) * NB + tl.arange(0, NB)
+    v0, v1, v2, v3, inv_scale, limit, sign_weight, scale_codes, score = row_blocks(
+        x_ptr,
+        signs_ptr,
+        rows,
+        blocks,
+        M,
+        N,
+        stride_m,
+        hadamard_scale,
+        HADAMARD,
+        INPUT_BF16,
+        ROUND_TO,
+        NATIVE_CASTS,
+        HAS_SIGNS,
+        RULE,
+        EMAX,
+        MAX_NORMAL,
+        MBITS,
+        MAX_CODE,
+        SCORES,
+    )
+    if SCORES:  # a row spans programs along N
+        record_scores(score_ptr, rows, score, rows < M)
+
+    # Word w of a row holds elements 8w..8w+7; its index is also their Philox counter.
+    n_blocks = n_padded // 32
+    word0 = rows.to(tl.int64)[:, None] * (n_padded // 8) + (blocks * 4)[None, :]
+    w0 = row_word(v0, inv_scale, limit, sign_weight, word0, seed, STOCHASTIC, MBITS, EMIN)
+    w1 = row_word(v1, inv_scale, limit, sign_weight, word0 + 1, seed, STOCHASTIC, MBITS, EMIN)
+    w2 = row_word(v2, inv_scale, limit, sign_weight, word0 + 2, seed, STOCHASTIC, MBITS, EMIN)
+    w3 = row_word(v3, inv_scale, limit, sign_weight, word0 + 3, seed, STOCHASTIC, MBITS, EMIN)
+    words = tl.reshape(tl.join(tl.join(w0, w2), tl.join(w1, w3)), [BLOCK_M, NB, 4])  # w0 w1 w2 w3
+    ok = (rows < M)[:, None] & (blocks < n_blocks)[None, :]
+    tl.store(data_ptr + word0[:, :, None] + tl.arange(0, 4)[None, None, :], words, mask=ok[:, :, None])
+
+    tl.store(scale_ptr + rows.to(tl.int64)[:, None] * n_blocks + blocks[None, :], scale_codes, mask=ok)
+
+
+@triton.jit
+def _quantize_cols_kernel(
+    x_ptr,
+    signs_ptr,
+    data_ptr,
+    scale_ptr,
+    score_ptr,
+    M,
+    N,
+    stride_m,
+    m_padded,
+    seed_ptr,
+    hadamard_scale,
+    BLOCK_N: tl.constexpr,
+    HADAMARD: tl.constexpr,
+    INPUT_BF16: tl.constexpr,
+    ROUND_TO: tl.constexpr,
+    NATIVE_CASTS: tl.constexpr,
+    HAS_SIGNS: tl.constexpr,
+    RULE: tl.constexpr,
+    STOCHASTIC: tl.constexpr,
+    EMAX: tl.constexpr,
+    EMIN: tl.constexpr,
+    MBITS: tl.constexpr,
+    MAX_NORMAL: tl.constexpr,
+    MAX_CODE: tl.constexpr,
+    SCORES: tl.constexpr,
+):
+    """Column-wise MXFP4 (blocks of 32 down a column, optional 32-point Hadamard): the wgrad
+    operands and dgrad's Wᵀ.
+
+    A program takes one block of 32 rows and ``BLOCK_N`` columns as a [columns, rows] tile.
+    The column index is declared contiguous only in pairs, so each thread loads two columns
+    (one 4-byte load per row for bf16, a warp reading 128 contiguous bytes) and Triton keeps
+    all 32 rows of its columns in the thread: the butterfly, the block maximum and the packing
+    of eight codes per word need no shuffles, unlike the general kernel's transposed tile.
+    """
+    seed = tl.load(seed_ptr)
+    r0 = tl.program_id(0) * 32
+    cols = tl.max_contiguous(tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N), 2)
+    rows = r0 + tl.arange(0, 32)
+    ok = (cols < N)[:, None] & (rows < M)[None, :]  # zero padding of a partial last block
+    x = tl.load(x_ptr + rows.to(tl.int64)[None, :] * stride_m + cols[:, None], mask=ok, other=0)
+    v = to_float32(x, INPUT_BF16)  # [BLOCK_N, 32]
+    if SCORES:  # a column (an output row) spans programs along M
+        record_scores(score_ptr, cols, tl.reduce(tl.abs(v), 1, max_keeping_nan), cols < N)
+    if HADAMARD > 0:  # M is a multiple of 32: no padding inside a block
+        if HAS_SIGNS:
+            v = v * tl.load(signs_ptr + tl.arange(0, 32))[None, :]
+        v = walsh_hadamard_butterfly(v, 5) * hadamard_scale
+        v = round_to_input_dtype(v, ROUND_TO, NATIVE_CASTS)  # hadamard_transform returns it
+
+    amax = tl.reduce(tl.abs(v), 1, max_keeping_nan)
+    inv_scale, limit, sign_weight, scale_codes = block_scales(
+        amax.to(tl.int32, bitcast=True), amax < float("inf"), RULE, EMAX, MAX_NORMAL, MBITS, MAX_CODE, 4
+    )
+    scaled = v * inv_scale[:, None]
+    limit, sign_weight = limit[:, None], sign_weight[:, None]
+    # Word w of an output row (a column of x) holds its elements 8w..8w+7: also their Philox counter.
+    words = cols.to(tl.int64)[:, None] * (m_padded // 8) + (r0 // 8 + tl.arange(0, 4))[None, :]
+    if STOCHASTIC:
+        codes = encode_elements(scaled, philox_noise_runs(seed, words), limit, sign_weight, True, MBITS, EMIN)
+    else:
+        codes = encode_e2m1_nearest(scaled, limit, sign_weight)
+    packed = tl.sum(tl.reshape(codes, [BLOCK_N, 4, 8]) << (tl.arange(0, 8) * 4)[None, None, :], axis=2)
+    col_ok = (cols < N)[:, None]
+    tl.store(data_ptr + words, packed, mask=col_ok)
+    tl.store(scale_ptr + cols.to(tl.int64) * (m_padded // 32) + r0 // 32, scale_codes, mask=cols < N)
