@@ -298,7 +298,7 @@ def test_ctrl_c_is_one_line_with_the_last_checkpoint_and_exit_130(small_override
     while not first.exists() and process.poll() is None:  # no deadline: the run ends by itself
         time.sleep(0.1)
     process.send_signal(signal.SIGINT)
-    _, err = process.communicate(timeout=60)
+    _, err = process.communicate()  # no deadline: an interrupted run ends by itself
     assert process.returncode == 130, err
     line = error_line(err)
     assert line.startswith("adahop train: error: interrupted; stopped at step ") and " of 200; last checkpoint " in line
