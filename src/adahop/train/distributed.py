@@ -87,6 +87,7 @@ def process_group(device: str = "auto", always: bool = False, timeout: float = I
     """The run's :class:`ParallelEnv` for ``training.device``; under torchrun with
     ``WORLD_SIZE > 1`` (or any ``WORLD_SIZE`` when ``always``) the process group is joined for
     the block and destroyed after it. ``timeout`` (seconds): see :func:`use_training_timeout`."""
+    die_with_launcher()  # under torchrun, one process or several
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     resolved = resolve_device(device)
     if world_size == 1 and not always:
@@ -98,7 +99,6 @@ def process_group(device: str = "auto", always: bool = False, timeout: float = I
             f"training.distributed needs a torchrun launch ({', '.join(missing)} not set): "
             "torchrun --standalone --nproc-per-node=N -m adahop train ..."
         )
-    die_with_launcher()
     rank, local_rank = launch_rank(), int(os.environ.get("LOCAL_RANK", "0"))
     init_timeout = timedelta(seconds=max(timeout, INIT_TIMEOUT_S))
     if resolved.type == "cuda":
