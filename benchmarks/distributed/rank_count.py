@@ -5,8 +5,10 @@ Runs ``adahop train`` (``torchrun --standalone`` for several ranks) on a small m
 final train and validation loss, their difference from one process, and whether ``plan.json``
 (the frozen plan) equals one process's. Recipes are chosen to take the differences apart:
 
+- ``bf16``: only floating-point summation order differs (gradients reduced over ranks, matmuls of
+  other shapes);
 - ``mxfp4_hadamard`` with round-to-nearest dY: blocks along tokens align with each rank's share, so
-  only floating-point summation order differs (the control);
+  the same, through 4-bit rounding (an element near a rounding boundary can go either way);
 - ``adahop_lv2`` with round-to-nearest dY: adds calibration (merged over ranks) and outlier
   extraction, whose top rows are picked within each rank's share;
 - ``adahop_lv2`` as registered: adds stochastic rounding of dY, whose noise each rank draws from
@@ -28,6 +30,7 @@ import sys
 from pathlib import Path
 
 RECIPES = {
+    "bf16": ["--recipe.name=bf16"],
     "mxfp4_hadamard, nearest dY": ["--recipe.name=mxfp4_hadamard", "--recipe.grad_rounding=nearest"],
     "adahop_lv2, nearest dY": ["--recipe.name=adahop_lv2", "--recipe.grad_rounding=nearest"],
     "adahop_lv2": ["--recipe.name=adahop_lv2"],
