@@ -117,12 +117,12 @@ def test_sigterm_grace_ends_a_checkpoint_that_never_finishes(small_overrides, tm
 
 
 # ---- under torchrun --------------------------------------------------------------------------
-def torchrun(argv: list[str]) -> subprocess.Popen:
+def torchrun(argv: list[str], *options: str) -> subprocess.Popen:
     """``torchrun --standalone --nproc-per-node=2 -m adahop train ARGV`` (``--standalone`` binds
     its rendezvous on port 0 and hands it to the workers: no port to race for), in a session of
     its own so that a signal to its group reaches it and its workers alone."""
     env = {**os.environ, "PYTHONPATH": str(SRC)}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", *options]
     command += ["-m", "adahop", "train", *argv]
     return subprocess.Popen(
         command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
@@ -217,3 +217,22 @@ def test_ctrl_c_under_torchrun_is_one_line(small_overrides, tmp_path):
     lines = [line for line in err.splitlines() if line.startswith("adahop train:")]
     assert len(lines) == 1 and "interrupted; stopped at step " in lines[0], err
     assert f"continue with: torchrun --nproc-per-node=2 -m adahop train --out {run} --resume" in lines[0]
+
+
+@pytest.mark.slow
+@TORCHRUN
+def test_ctrl_c_exits_130_with_a_checkpoint_when_torchrun_leaves_sigint_alone(small_overrides, tmp_path):
+    """``torchrun --signals-to-handle=SIGTERM,SIGHUP,SIGQUIT`` (docs/reliability.md): Ctrl-C ends
+    torchrun by SIGINT itself (a shell reports 130), and its shutdown SIGTERMs the workers, which
+    stop together after a checkpoint."""
+    run = tmp_path / "run"
+    process = torchrun(
+        as_argv(small_overrides(run, **ONE_BLOCK, training__steps=300)), "--signals-to-handle=SIGTERM,SIGHUP,SIGQUIT"
+    )
+    wait_for(run / "checkpoints" / "step_0000002", process)
+    os.killpg(process.pid, signal.SIGINT)
+    _, err = process.communicate()
+    assert process.returncode == -signal.SIGINT  # killed by SIGINT: 130 in a shell
+    lines = [line for line in err.splitlines() if line.startswith("adahop train:")]
+    assert len(lines) == 1 and lines[0].startswith("adahop train: terminated (SIGTERM) after a checkpoint;"), err
+    assert f"last checkpoint {latest_checkpoint(run)};" in lines[0]
