@@ -66,7 +66,7 @@ from .linear import AdaHOPLinear
 
 log = logging.getLogger(__name__)
 
-# GEMM strategies that read W only through its MX operand (BF16 and OE also need W in high precision).
+# GEMM strategies that read W only through its quantized operand (BF16 and OE-left need all of W in high precision).
 QUANTIZED_ONLY = (Strategy.MXFP4, Strategy.IHT)
 
 
