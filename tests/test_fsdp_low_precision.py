@@ -65,8 +65,9 @@ def train(rank: int, name: str, low_precision: bool, checkpoint: str) -> dict:
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
     from torch.distributed.fsdp import fully_shard
 
-    from adahop.nn import adahop_layers
+    from adahop.nn import adahop_layers, weight_operands_cached
     from adahop.nn.fsdp import gathered_format, low_precision_all_gather
+    from adahop.nn.weight_cache import operand_cache
     from adahop.train.telemetry import sample_patterns
 
     recipe, option = RECIPES[name], name if name in OPTIONS else None
@@ -88,27 +89,31 @@ def train(rank: int, name: str, low_precision: bool, checkpoint: str) -> dict:
             layer.reset_parameters()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=True)
     torch.manual_seed(1)  # the stochastic-rounding keys
-    losses, formats = [], []
+    losses, formats, quantized = [], [], []
     after = recipe.get("bf16_forward_after")
     for step in range(STEPS):
         if after is not None and step == int(after * STEPS):  # as the trainer switches
             set_bf16_forward(model)
         observed = sample_patterns(layers) if option == "telemetry" and step == 2 else contextlib.nullcontext()
         micro_batches = batch(step, rank).chunk(2) if option == "accumulated" else [batch(step, rank)]
-        for i, micro_batch in enumerate(micro_batches):
-            model.set_requires_gradient_sync(i == len(micro_batches) - 1)
-            with observed, torch.autocast("cpu", dtype=torch.bfloat16, enabled=option == "autocast"):
-                loss = model(micro_batch).float().mean()
-            loss.backward()
+        # The low-precision runs keep each shard's operands for the step (the reference does not).
+        with weight_operands_cached(model) if low_precision else contextlib.nullcontext():
+            for i, micro_batch in enumerate(micro_batches):
+                model.set_requires_gradient_sync(i == len(micro_batches) - 1)
+                with observed, torch.autocast("cpu", dtype=torch.bfloat16, enabled=option == "autocast"):
+                    loss = model(micro_batch).float().mean()
+                loss.backward()
         optimizer.step()
         optimizer.zero_grad()
         losses.append(loss.detach())
         formats.append([gathered_format(layer) for layer in layers.values()])
+        quantized.append([operand_cache(layer).made for layer in layers.values()])
     state = model.state_dict()
     out = {
         "losses": torch.stack(losses),
         "weights": {k: v.full_tensor() for k, v in state.items() if k.endswith(("weight", "bias"))},
         "formats": formats,
+        "shards_quantized": quantized,  # per step, each layer's shard quantizations so far
         "state_types": sorted(
             {type(v._local_tensor if hasattr(v, "_local_tensor") else v).__name__ for v in state.values()}
         ),
@@ -186,6 +191,18 @@ def test_quantized_gather_is_used_where_the_plan_allows(ranks):
     assert formats["accumulated"] == [["bf16", "bf16"]] * 2 + [["quantized", "bf16"]] * 2
     assert formats["fp8"] == [["bf16", "bf16"]] * 2 + [["quantized", "quantized"]] * 2
     assert formats == {name: ranks[1][name]["low"]["formats"] for name in RECIPES}
+
+
+def test_a_shard_is_quantized_once_per_optimizer_step(ranks):
+    """Under ``weight_operands_cached`` every gather of a step (each micro-batch's forward, backward's
+    re-gather, a checkpointed recompute) reuses the shard's operands: one quantization per quantized
+    gather step, none on a high-precision one; the training stays bit-identical (test above)."""
+    for rank in ranks:
+        made = {name: rank[name]["low"]["shards_quantized"] for name in RECIPES}
+        assert made["iht"] == [[1, 1], [2, 2], [3, 3], [4, 4]]
+        assert made["checkpointed"] == [[1, 1], [2, 2], [3, 3], [4, 4]]
+        assert made["accumulated"] == [[0, 0], [0, 0], [1, 0], [2, 0]]  # calibration, then layer 0 alone
+        assert made["sr"] == [[0, 0]] * STEPS
 
 
 def test_state_dict_checkpoint_and_optimizer_hold_plain_tensors(ranks):

@@ -63,6 +63,7 @@ from ..policy.strategies import Strategy
 from .convert import adahop_layers
 from .gathered import GatheredWeight, WeightOperands
 from .linear import AdaHOPLinear
+from .weight_cache import operand_cache
 
 log = logging.getLogger(__name__)
 
@@ -294,8 +295,15 @@ class LowPrecisionShard(torch.Tensor):
         fmt, plan, source_dtype = key
         if fmt is None:
             return (self._tensor.to(param_dtype),), None  # what FSDP2 itself gathers
-        shard = self._tensor.to(param_dtype).to(source_dtype)  # the gather's cast, then autocast's
-        inputs, layouts = fmt.quantize(module, shard)
+
+        def quantize():
+            shard = self._tensor.to(param_dtype).to(source_dtype)  # the gather's cast, then autocast's
+            return fmt.quantize(module, shard)
+
+        # Once per optimizer step under weight_operands_cached: the shard changes only at the update.
+        inputs, layouts = operand_cache(module).get(
+            "shard", self._tensor, (fmt, plan, source_dtype, param_dtype), quantize
+        )
         return tuple(t.contiguous() for t in inputs), (fmt, layouts, plan, source_dtype, outer_size)
 
     def fsdp_post_all_gather(self, outputs, metadata, param_dtype, *, out=None):

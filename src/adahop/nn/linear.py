@@ -28,7 +28,9 @@ outputs they touch, as they would in ``nn.Linear``; they are never silently zero
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -45,6 +47,7 @@ from ..recipes import DEFAULT_RECIPE, Recipe, get_recipe
 from ..transforms import random_signs
 from .gathered import gathered_operands
 from .state import decode_state, encode_state, new_state
+from .weight_cache import OperandCache, caching, operand_cache
 
 SEED_BOUND = 1 << 62
 
@@ -77,32 +80,60 @@ class GemmConfig:
     wt_seed: torch.Tensor | int
     weight_tiles: bool  # recipe.weight_blocks == "2d"
     grad_fast_accum: bool  # recipe.grad_fast_accum: the dgrad and wgrad FP8 GEMMs' accumulation
+    weight_cache: OperandCache | None = None  # keeps W's operands while the parameter is unchanged
+    weight_param: torch.Tensor | None = None  # the parameter (the forward's weight may be its autocast copy)
+
+
+def _weight_operand(cfg: GemmConfig, slot: str, key: tuple, make: Callable[[], Any]) -> Any:
+    """``make()``, or what it made for this parameter and ``key`` earlier in the optimizer step."""
+    if cfg.weight_cache is None:
+        return make()
+    return cfg.weight_cache.get(slot, cfg.weight_param, key, make)
 
 
 class _AdaHOPLinearFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, cfg: GemmConfig) -> torch.Tensor:
         plan = cfg.plan
-        # W's two operands: gathered already quantized by FSDP2 (``nn.fsdp``), or one 2-D tile quantization.
+        # W's two operands: gathered already quantized by FSDP2 (``nn.fsdp``), or one 2-D tile quantization,
+        # or one each; kept over an optimizer step's micro-batches where ``cfg.weight_cache`` is set.
         w_tiles = gathered_operands(weight, plan)
         if w_tiles is None and cfg.weight_tiles:
-            w_tiles = prepare_weight_tiles(weight, plan.forward, plan.dgrad, cfg.act)
+            w_tiles = _weight_operand(
+                cfg,
+                "tiles",
+                (plan.forward, plan.dgrad, weight.dtype),
+                lambda: prepare_weight_tiles(weight, plan.forward, plan.dgrad, cfg.act),
+            )
         if plan.forward is Strategy.BF16:
             y = F.linear(x, weight)
         else:
             fold = ops.folds_into_fp8(x.device, weight.shape[0])  # both operands are used at once
             l = prepare_operand(x, plan.forward, "L", cfg.act, oe_k=cfg.oe_k, fold=fold)
-            r = w_tiles[0] if w_tiles else prepare_operand(weight, plan.forward, "R", cfg.act, oe_k=cfg.oe_k, fold=fold)
+            r = (
+                w_tiles[0]
+                if w_tiles
+                else _weight_operand(
+                    cfg,
+                    "forward",
+                    (plan.forward, weight.dtype, fold),
+                    lambda: prepare_operand(weight, plan.forward, "R", cfg.act, oe_k=cfg.oe_k, fold=fold),
+                )
+            )
             y = tn_matmul(l, r, x.dtype)
 
         # Backward operands, prepared now from the high-precision tensors (quantize and
-        # transpose do not commute): Xᵀ is wgrad's R, Wᵀ is dgrad's R.
+        # transpose do not commute): Xᵀ is wgrad's R, Wᵀ is dgrad's R (not kept when its seed is
+        # drawn per forward: recipe.backward_rounding = "stochastic").
         wgrad_r = prepare_operand(x.t(), plan.wgrad, "R", cfg.saved, oe_k=cfg.oe_k, seed=cfg.xt_seed)
-        dgrad_r = (
-            w_tiles[1]
-            if w_tiles
-            else prepare_operand(weight.t(), plan.dgrad, "R", cfg.saved, oe_k=cfg.oe_k, seed=cfg.wt_seed)
-        )
+        if w_tiles:
+            dgrad_r = w_tiles[1]
+        else:
+            make_wt = functools.partial(
+                prepare_operand, weight.t(), plan.dgrad, "R", cfg.saved, oe_k=cfg.oe_k, seed=cfg.wt_seed
+            )
+            drawn = isinstance(cfg.wt_seed, torch.Tensor)
+            dgrad_r = make_wt() if drawn else _weight_operand(cfg, "dgrad", (plan.dgrad, weight.dtype), make_wt)
         (w_parts, w_meta), (d_parts, d_meta) = wgrad_r.pack(), dgrad_r.pack()
         ctx.save_for_backward(*w_parts, *d_parts)
         ctx.split, ctx.metas, ctx.cfg = len(w_parts), (w_meta, d_meta), cfg
@@ -299,6 +330,9 @@ class AdaHOPLinear(nn.Linear):
     def _gemm_config(self, seeds: torch.Tensor, plan: LayerPlan) -> GemmConfig:
         act, grad, saved = self._specs
         xt_seed, wt_seed = (seeds[2], seeds[3]) if len(seeds) == 4 else (0, 0)
+        cache = operand_cache(self) if caching() else None
+        if cache is not None and not cache.layer_weight:
+            cache = None
         return GemmConfig(
             plan,
             act,
@@ -311,6 +345,8 @@ class AdaHOPLinear(nn.Linear):
             wt_seed=wt_seed,
             weight_tiles=self.recipe.weight_blocks == "2d",
             grad_fast_accum=self.recipe.grad_fast_accum,
+            weight_cache=cache,
+            weight_param=self.weight if cache is not None else None,
         )
 
     def _check_input(self, x: torch.Tensor) -> None:

@@ -83,6 +83,10 @@ class OptimConfig:
 class TrainingConfig:
     steps: int = 120
     grad_accum: int = 1  # micro-batches per optimizer step
+    # With grad_accum > 1, quantize each weight once per optimizer step and reuse it for the step's
+    # micro-batches (bit-identical; holds W's operands for the step). Eager layers and FSDP2's
+    # low-precision gather; compiled blocks and CUDA graphs still quantize W on every micro-batch.
+    weight_operands_once_per_step: bool = True
     seed: int = 0  # model initialisation and data order
     # Added to seed for torch's global generator only, which draws the stochastic-rounding keys:
     # runs that differ in it alone share init and data order and differ only in rounding noise.

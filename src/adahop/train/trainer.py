@@ -45,7 +45,7 @@ from tqdm import tqdm
 
 from ..atomic import remove_stale_temp_files, write_atomic
 from ..models import num_params
-from ..nn import OsciReset, adahop_layers, model_plan, set_bf16_forward
+from ..nn import OsciReset, adahop_layers, model_plan, set_bf16_forward, weight_operands_cached
 from ..nn.compiling import reserve_compiled_graphs
 from ..policy import NonFiniteTensorError
 from .builders import autocast_for, build_data, build_model_from_config, data_fingerprint, mean_loss, resolve_device
@@ -433,7 +433,10 @@ class Trainer:
         if recompute:  # a step that votes patterns (a frozen step does not touch the blocks)
             self.model.recompute = True
         try:
-            with sample_patterns(sampled) as sampled_votes:
+            # W quantized once for the step's micro-batches (kept only with several: it costs memory).
+            once = accum > 1 and self.cfg.training.weight_operands_once_per_step
+            cached = weight_operands_cached(self.model) if once else contextlib.nullcontext()
+            with sample_patterns(sampled) as sampled_votes, cached:
                 for i in range(accum):
                     inputs, targets = (t.to(self.device, non_blocking=True) for t in next(self.data.train))
                     loss_sum += self._micro_step(inputs, targets, first=i == 0, eager=bool(sampled))
