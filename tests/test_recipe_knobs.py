@@ -190,6 +190,47 @@ def test_grad_fast_accum_is_a_boolean_knob():
         Recipe(grad_fast_accum="no")
 
 
+# ---- forward_gemm -----------------------------------------------------------------------------
+@pytest.mark.parametrize("fold_route", [False, True])
+def test_reference_forward_gemm_dequantizes_and_never_folds(fold_route, monkeypatch):
+    """``forward_gemm="reference"``: the forward's product is float32 products of the dequantized
+    MX operands (quantized straight into E4M3 nowhere, even where the fold_fp8 route would fold
+    them), and dgrad and wgrad keep their route. On the CPU the default already computes that,
+    so the two agree bit for bit."""
+    from adahop import ops
+
+    monkeypatch.setattr(ops, "folds_into_fp8", lambda *_: fold_route)  # as CUDA's fold_fp8 route decides
+    calls = []
+
+    def spy(name):
+        original = getattr(ops, name)
+
+        def call(*args, **kwargs):
+            calls.append(name)
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(ops, name, call)
+
+    for name in ("reference_matmul", "mx_matmul", "folded_matmul", "quantize_fold_2d"):
+        spy(name)
+    x, g = inputs()
+    layer = AdaHOPLinear(64, 80, bias=False, recipe={"name": "mxfp4_hadamard", "forward_gemm": "reference"})
+    layer(x.clone().requires_grad_())
+    assert calls == ["reference_matmul"]  # X and W quantized to MX, not folded; no other product
+    got = run(layer, x, g, seed=3)
+    monkeypatch.setattr(ops, "folds_into_fp8", lambda *_: False)
+    default = AdaHOPLinear(64, 80, bias=False, recipe="mxfp4_hadamard")
+    default.load_state_dict(layer.state_dict())
+    assert all(torch.equal(a, b) for a, b in zip(got, run(default, x, g, seed=3), strict=True))
+
+
+def test_forward_gemm_is_validated_and_round_trips():
+    assert Recipe().forward_gemm == "fastest"
+    assert Recipe.from_dict({"name": "adahop_lv1", "forward_gemm": "reference"}).forward_gemm == "reference"
+    with pytest.raises(ValueError, match=r"forward_gemm='cublas' is not one of \('fastest', 'reference'\)"):
+        Recipe(forward_gemm="cublas")
+
+
 # ---- forward_fmt ------------------------------------------------------------------------------
 def fq_fmt(t, fmt, rotate=False):
     """Round-to-nearest fake quantization in element format ``fmt`` along the last dim."""

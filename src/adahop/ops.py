@@ -442,6 +442,13 @@ def _(a_data, a_scales, b_data, b_scales, fmt, block_size, out_dtype, fast_accum
     return a_data.new_empty((a_data.shape[0], b_data.shape[0]), dtype=out_dtype)
 
 
+def reference_matmul(a: MXTensor | RowwiseFP8, b: MXTensor | RowwiseFP8, out_dtype: torch.dtype) -> torch.Tensor:
+    """``A @ B.T`` as float32 products of the dequantized operands on any device (the reference
+    route, never a fold or FP8 tensor cores): ``recipe.forward_gemm = "reference"``."""
+    a, b = (t.dequantize_blocked() if isinstance(t, MXTensor) else t.dequantize() for t in (a, b))
+    return output_as(a @ b.T, out_dtype)
+
+
 def mx_matmul(a: MXTensor, b: MXTensor, out_dtype: torch.dtype, *, fast_accum: bool = True) -> torch.Tensor:
     """``A @ B.T`` for operands blocked along their last dim (K), through ``mx_matmul_op``."""
     if a.fmt != b.fmt or a.block_size != b.block_size or a.scales.shape[1] != b.scales.shape[1]:

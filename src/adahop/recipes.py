@@ -42,6 +42,10 @@ from .transforms import HADAMARD_BLOCK_SIZES
 
 ADAPTIVE = "adaptive"
 FLOAT8_SCALINGS = ("tensorwise", "rowwise")  # torchao's float8 recipes a peer recipe can name
+FORWARD_GEMMS = (
+    "fastest",
+    "reference",
+)  # the forward GEMM's route: the device's fastest faithful one, or the reference
 WEIGHT_BLOCKS = ("1d", "2d")  # MX blocks of W: along each GEMM's K, or square tiles valid in both orientations
 # The forward's formats: the MX formats, and E4M3 with a power-of-two scale per row (formats.rowwise)
 FORWARD_FORMATS = (*ELEMENT_FORMATS, ROWWISE_FP8)
@@ -89,6 +93,9 @@ class Recipe:
     # The dgrad and wgrad FP8 GEMMs (CUDA's fold_fp8 route) accumulate in the tensor core's reduced
     # precision; False promotes to FP32 as TransformerEngine and torchao do for gradient GEMMs.
     grad_fast_accum: bool = True
+    # "reference": the forward GEMM as float32 products of the dequantized operands on every device
+    # (no fold into E4M3, so no 14-binade window, and no fast accumulation); a quality probe, slow on CUDA.
+    forward_gemm: str = "fastest"
     hadamard_block_size: int = DEFAULT_SPEC.hadamard_block_size  # of the strategies that rotate (IHT, OE)
     hadamard_signs: bool = False  # seeded random-sign Hadamard variant
     hadamard_seed: int = 0
@@ -146,6 +153,7 @@ class Recipe:
         check(self.backward_rounding, ROUNDING_MODES, "backward_rounding")
         check(self.grad_rounding, ROUNDING_MODES, "grad_rounding")
         check(self.weight_blocks, WEIGHT_BLOCKS, "weight_blocks")
+        check(self.forward_gemm, FORWARD_GEMMS, "forward_gemm")
         check(self.torchao_float8, (None, *FLOAT8_SCALINGS), "torchao_float8")
         rate = self.osci_reset
         if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate < 1):

@@ -80,6 +80,7 @@ class GemmConfig:
     wt_seed: torch.Tensor | int
     weight_tiles: bool  # recipe.weight_blocks == "2d"
     grad_fast_accum: bool  # recipe.grad_fast_accum: the dgrad and wgrad FP8 GEMMs' accumulation
+    forward_reference: bool  # recipe.forward_gemm == "reference": no fold, float32 products
     weight_cache: OperandCache | None = None  # keeps W's operands while the parameter is unchanged
     weight_param: torch.Tensor | None = None  # the parameter (the forward's weight may be its autocast copy)
 
@@ -108,7 +109,8 @@ class _AdaHOPLinearFn(torch.autograd.Function):
         if plan.forward is Strategy.BF16:
             y = F.linear(x, weight)
         else:
-            fold = ops.folds_into_fp8(x.device, weight.shape[0])  # both operands are used at once
+            # Both operands are used at once: folded straight from the quantizer on the fold_fp8 route.
+            fold = ops.folds_into_fp8(x.device, weight.shape[0]) and not cfg.forward_reference
             l = prepare_operand(x, plan.forward, "L", cfg.act, oe_k=cfg.oe_k, fold=fold)
             r = (
                 w_tiles[0]
@@ -120,7 +122,7 @@ class _AdaHOPLinearFn(torch.autograd.Function):
                     lambda: prepare_operand(weight, plan.forward, "R", cfg.act, oe_k=cfg.oe_k, fold=fold),
                 )
             )
-            y = tn_matmul(l, r, x.dtype)
+            y = tn_matmul(l, r, x.dtype, reference=cfg.forward_reference)
 
         # Backward operands, prepared now from the high-precision tensors (quantize and
         # transpose do not commute): Xᵀ is wgrad's R, Wᵀ is dgrad's R (not kept when its seed is
@@ -345,6 +347,7 @@ class AdaHOPLinear(nn.Linear):
             wt_seed=wt_seed,
             weight_tiles=self.recipe.weight_blocks == "2d",
             grad_fast_accum=self.recipe.grad_fast_accum,
+            forward_reference=self.recipe.forward_gemm == "reference",
             weight_cache=cache,
             weight_param=self.weight if cache is not None else None,
         )
