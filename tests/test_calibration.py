@@ -312,3 +312,19 @@ def test_one_strategy_spelling_and_plans_in_the_papers_spelling_still_load():
     plan = ModelPlan.from_json(old)
     assert plan["a"].to_dict() == {"forward": "oe_left", "dgrad": "iht", "wgrad": "bf16"}
     assert plan.summary().splitlines()[1].split()[-3:] == ["oe_left", "iht", "bf16"]  # as plan.json spells them
+
+
+def test_a_copied_layer_calibrates_on_its_own():
+    """``copy.deepcopy`` (and pickle) give a layer that votes and freezes by itself."""
+    import copy
+
+    from adahop import AdaHOPLinear
+
+    layer = AdaHOPLinear(64, 32, recipe={"name": "adahop_lv2", "calibration_steps": 1})
+    clone = copy.deepcopy(layer)
+    clone(torch.randn(40, 64)).sum().backward()
+    end_calibration_step(clone)
+    assert not clone.calibrating and layer.calibrating
+    layer(torch.randn(40, 64)).sum().backward()
+    end_calibration_step(layer)
+    assert not layer.calibrating

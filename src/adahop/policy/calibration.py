@@ -176,6 +176,16 @@ class Voter:
     after_votes: Callable[[], None] | None = None
     serial: int = field(default_factory=itertools.count().__next__)
 
+    def __reduce__(self):
+        """A copy (``copy.deepcopy``, pickle) is a voter of its own, open where the original is."""
+        fields = (self.module, self.holder, self.votes, self.threshold, self.after_votes)
+        return _copied_voter, (*fields, self.serial in _VOTERS)
+
+
+def _copied_voter(module, holder, votes, threshold, after_votes, is_open: bool) -> Voter:
+    voter = Voter(module, holder, votes, threshold, after_votes)
+    return open_voter(voter) if is_open else voter
+
 
 _VOTERS: weakref.WeakValueDictionary[int, Voter] = weakref.WeakValueDictionary()
 _hook = None
