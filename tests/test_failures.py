@@ -398,7 +398,7 @@ def test_progress_bar_restarts_its_eta_when_calibration_ends(small_overrides, tm
     recording_tqdm.__wrapped__ = trainer_module.tqdm
     monkeypatch.setattr(trainer_module, "tqdm", recording_tqdm)
     Trainer(load_config(None, small_overrides(tmp_path / "run", training__steps=3)), progress=False).train()
-    assert starts == [0, 3]  # the calibration bar, then the frozen one (its own rate) from the first frozen step
+    assert starts == [0, 2]  # the calibration bar, then the frozen one (its own rate) after the freeze (step 2)
 
 
 # ---- 6. two runs on one --out ----------------------------------------------------------------
