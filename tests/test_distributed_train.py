@@ -172,6 +172,7 @@ DIVERGING |= {"logging__val_every": 4, "checkpoint__interval": 4}
 TELEMETRY = {"training__pattern_telemetry_every": 2}  # the resumed run samples patterns, the straight one not
 NEAREST = ONE_BLOCK | {"recipe": "mxfp4_hadamard", "recipe__grad_rounding": "nearest", "training__steps": 4}
 BF16_GATHER = {"training__fsdp_low_precision_all_gather": "false"}
+LOW_PRECISION_GATHER = {"training__fsdp_low_precision_all_gather": "true"}
 
 
 @pytest.fixture(scope="module")
@@ -190,7 +191,7 @@ def runs(small_overrides, tmp_path_factory):
     shutil.copytree(root / "single", root / "widened")
     (root / "widened" / "checkpoints" / "step_0000004.pt").unlink()
     jobs = [
-        {"argv": as_argv(small_overrides(root / "nearest", **NEAREST))},
+        {"argv": as_argv(small_overrides(root / "nearest", **NEAREST, **LOW_PRECISION_GATHER))},
         {"argv": as_argv(small_overrides(root / "straight", **ONE_BLOCK))},
         {"argv": as_argv(small_overrides(root / "resumed", **ONE_BLOCK, **TELEMETRY)), "crash_after": 2},
         {"argv": ["--out", str(root / "resumed"), "--resume"]},
@@ -215,7 +216,7 @@ def runs(small_overrides, tmp_path_factory):
 
 def test_low_precision_all_gather_trains_bit_identically_to_the_bf16_gather(runs):
     """ "nearest" gathers the weights whose ranks hold whole MX blocks along out (32 rows or more
-    each: all but wk and wv) as their MXFP4 operands (adahop.nn.fsdp, on by default); the same
+    each: all but wk and wv) as their MXFP4 operands (adahop.nn.fsdp, asked for); the same
     run with FSDP2's own gather takes the very same steps."""
     root, results = runs
     assert [status for status, _ in results[-2]] == [0, 0], results[-2]

@@ -99,7 +99,9 @@ class TrainingConfig:
     distributed: bool = False  # under torchrun with one process, still train through FSDP2 (several always do)
     # FSDP2 gathers each AdaHOPLinear weight as the quantized operands its GEMMs read (each rank
     # quantizes its rows once per gather), where that is bit-identical to gathering W; docs/distributed.md.
-    fsdp_low_precision_all_gather: bool = True
+    # Opt-in, as torchao's float8 all-gather is: it reaches into FSDP2's internals (tested on torch 2.13,
+    # gloo) and has not yet run on the GPU image's torch or on NCCL.
+    fsdp_low_precision_all_gather: bool = False
     # PyTorch's deterministic kernels (cuBLAS workspace, cuDNN, torch.use_deterministic_algorithms),
     # as torchtitan's debug.deterministic: two runs of one seed step alike on the GPU, somewhat slower.
     deterministic: bool = False
