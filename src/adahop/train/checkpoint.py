@@ -86,6 +86,7 @@ APPLIED_KEYS = {
         "cuda_graph",
         "distributed",
         "fsdp_low_precision_all_gather",
+        "weight_operands_once_per_step",  # bit-identical either way: where W is quantized, not what
         "deterministic",
         "pattern_telemetry_every",
         "recompute_pattern_steps",
