@@ -249,9 +249,9 @@ def test_quickstart_commands_and_extras() -> None:
 
     readme = (ROOT / "README.md").read_text()
     assert "pip install torch==2.13.0 -e . && adahop train\n" in readme
-    assert 'pip install torch==2.13.0 -e ".[test]" && python -m pytest -q\n' in readme
+    assert 'pip install torch==2.13.0 -e ".[test]" && python -m pytest -q -n 2 --dist loadfile\n' in readme
     ci = (ROOT / ".ci" / "run").read_text()
-    assert 'torch==2.13.0 -e ".[test]"' in ci and "pytest -q" in ci
+    assert 'torch==2.13.0 -e ".[test]"' in ci and "python3 -m pytest -q -n 2 --dist loadfile " in ci
     extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
     for doc in DOCS:
         named = {e for group in re.findall(r'-e "\.\[([\w,-]+)\]"', doc.read_text()) for e in group.split(",")}
