@@ -110,3 +110,12 @@ def test_a_recipe_named_like_a_registered_one_cannot_silently_run_another_strate
         Recipe(name="bf16")  # the field defaults are adaptive: it would calibrate and quantize
     assert get_recipe({"name": "bf16", "calibration_steps": 3}).strategy == "bf16"
     assert Recipe(name="my_bf16", strategy="bf16").strategy == "bf16"
+
+
+def test_a_cuda_graph_of_a_calibrating_model_is_refused():
+    """A captured step would replay calibration forever (the plan never freezes inside a graph)."""
+    from adahop.train.graphs import GraphedMicroStep
+
+    with pytest.raises(ValueError, match="2 layers still calibrate.*adahop.end_calibration_step"):
+        GraphedMicroStep(convert_model(two_layers(), {"name": "adahop_lv2", "calibration_steps": 1}))
+    assert GraphedMicroStep(frozen("adahop_lv2")).captured is False

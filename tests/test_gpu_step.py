@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from adahop import end_calibration_step
 from adahop.models import build_model
 from adahop.nn import adahop_layers, convert_model
 from adahop.train.graphs import GraphedMicroStep
@@ -82,8 +83,9 @@ def test_every_replay_rounds_with_fresh_noise(recipe, fresh_noise):
     """The seeds are drawn on the device inside the graph, so a replay is not a copy of the last."""
     model = _model({"name": recipe})
     ((inputs, targets),) = _batches(1)
-    for _ in range(CALIBRATION + 1):  # calibrate and freeze
+    for _ in range(CALIBRATION):  # no optimizer here: each step's end freezes through end_calibration_step
         _eager_step(model, inputs, targets)
+        end_calibration_step(model)
     step = GraphedMicroStep(model)
     grads = []
     for _ in range(3):  # warm-up, capture + replay, replay

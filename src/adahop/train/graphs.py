@@ -29,6 +29,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..nn import adahop_layers
+
 
 class GraphedMicroStep:
     """``step(inputs, targets, first=...)`` runs ``model`` forward, ``backward()`` on
@@ -39,6 +41,13 @@ class GraphedMicroStep:
     def __init__(
         self, model: nn.Module, *, loss_scale: float = 1.0, autocast_dtype: torch.dtype | None = torch.bfloat16
     ) -> None:
+        calibrating = [name for name, layer in adahop_layers(model).items() if layer.calibrating]
+        if calibrating:
+            raise ValueError(
+                f"GraphedMicroStep: {len(calibrating)} layers still calibrate (first: {calibrating[0]}), and a graph "
+                "would replay calibration forever; capture after the plan froze (step an optimizer, or call "
+                "adahop.end_calibration_step after each calibration step)"
+            )
         self.model, self.loss_scale, self.autocast_dtype = model, loss_scale, autocast_dtype
         self._warm = False
         self._graphs: dict[bool, torch.cuda.CUDAGraph] = {}  # keyed by ``first``
