@@ -90,6 +90,7 @@ def run_rank(rank: int, jobs: list[dict], logs: str) -> None:
     torch.set_num_threads(1)
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD))
     save_sharded, micro_step = trainer_module.save_sharded, trainer_module.Trainer._micro_step
+    train = trainer_module.Trainer.train
     for i, job in enumerate(jobs):
         os.environ.update(job["rendezvous"])
 
@@ -110,7 +111,22 @@ def run_rank(rank: int, jobs: list[dict], logs: str) -> None:
                 os.kill(os.getpid(), signal.SIGTERM)  # what Slurm sends; handled before the next line runs
             return micro_step(self, inputs, targets, **kwargs)
 
+        def train_then_keep_osci(self, i=i, job=job):
+            """With ``keep_osci``: this rank's rows of the de-oscillation state at the start or the end."""
+
+            def keep():
+                tracks = self.osci_reset.state_dict()["tracks"]
+                torch.save({k: v.to_local() for k, v in tracks.items()}, f"{logs}/job{i}.rank{rank}.osci")
+
+            if job.get("keep_osci") == "start":
+                keep()
+            result = train(self)
+            if job.get("keep_osci") == "end":
+                keep()
+            return result
+
         trainer_module.save_sharded, trainer_module.Trainer._micro_step = save_then_crash, faults
+        trainer_module.Trainer.train = train_then_keep_osci
         if rank == 0 and "damage" in job:  # before the ranks meet: rank 1 reads the run after rank 0
             damage_a_shard(*job["damage"])
         with open(f"{logs}/job{i}.rank{rank}.err", "w") as err:
@@ -172,6 +188,9 @@ DIVERGING |= {"logging__val_every": 4, "checkpoint__interval": 4}
 TELEMETRY = {"training__pattern_telemetry_every": 2}  # the resumed run samples patterns, the straight one not
 NEAREST = ONE_BLOCK | {"recipe": "mxfp4_hadamard", "recipe__grad_rounding": "nearest", "training__steps": 4}
 BF16_GATHER = {"training__fsdp_low_precision_all_gather": "false"}
+# Weight de-oscillation that resets from step 3 on (one reversal is enough), through the Hadamard.
+OSCI = ONE_BLOCK | {"recipe": "mxfp4_hadamard", "recipe__osci_reset": 0.001}
+OSCI_JOBS = slice(12, 16)  # straight, cut off after step 4, resumed; a one-process run resumed on 2 ranks
 LOW_PRECISION_GATHER = {"training__fsdp_low_precision_all_gather": "true"}
 
 
@@ -189,6 +208,9 @@ def runs(small_overrides, tmp_path_factory):
     root = tmp_path_factory.mktemp("dist")
     Trainer(load_config(None, small_overrides(root / "single", **NEAREST)), progress=False).train()  # caches the tokens
     shutil.copytree(root / "single", root / "widened")
+    Trainer(
+        load_config(None, small_overrides(root / "osci_widened", **OSCI, training__steps=4)), progress=False
+    ).train()
     (root / "widened" / "checkpoints" / "step_0000004.pt").unlink()
     jobs = [
         {"argv": as_argv(small_overrides(root / "nearest", **NEAREST, **LOW_PRECISION_GATHER))},
@@ -207,6 +229,12 @@ def runs(small_overrides, tmp_path_factory):
         {"argv": as_argv(small_overrides(root / "sigterm_one", **ONE_BLOCK)), "sigterm_ranks": [1], "sigterm_at": 2},
         {"argv": ["--out", str(root / "sigterm_one"), "--resume"]},
         {"argv": as_argv(small_overrides(root / "sigterm_all", **ONE_BLOCK)), "sigterm_ranks": [0, 1], "sigterm_at": 2},
+    ]
+    jobs += [
+        {"argv": as_argv(small_overrides(root / "osci_straight", **OSCI)), "keep_osci": "end"},
+        {"argv": as_argv(small_overrides(root / "osci_resumed", **OSCI)), "crash_after": 4},
+        {"argv": ["--out", str(root / "osci_resumed"), "--resume"], "keep_osci": "end"},
+        {"argv": ["--out", str(root / "osci_widened"), "--resume", "--steps=6"], "keep_osci": "start"},
     ]
     # "nearest" with FSDP2's own BF16 gather (training.fsdp_low_precision_all_gather off).
     jobs.append({"argv": as_argv(small_overrides(root / "bf16_gather", **NEAREST, **BF16_GATHER))})
@@ -299,6 +327,58 @@ def test_resume_on_two_ranks_is_bit_exact(runs):
     patterns = [r for r in read_metrics(root / "resumed") if r["kind"] == "patterns"]
     assert [(r["step"], r["layers"]) for r in patterns] == [(4, 7), (6, 7)]
     assert train_losses(root / "straight") != pytest.approx(train_losses(root / "nearest"), rel=1e-6)  # noise: on
+
+
+def osci_rows(root: Path, job: int) -> list[dict[str, torch.Tensor]]:
+    """Each rank's rows of the de-oscillation state at the end of job ``job`` (``keep_osci``)."""
+    return [torch.load(root / "logs" / f"job{job}.rank{r}.osci", weights_only=True) for r in range(WORLD)]
+
+
+def test_osci_reset_state_resumes_on_two_ranks_bit_exact(runs, tmp_path):
+    """Each rank's rows of the de-oscillation state go into the sharded checkpoint (DTensors, as
+    the weights), so the 2-rank run cut off after step 4 resets the same elements in steps 5
+    and 6 as the straight one and ends with the same state; the checkpoint still holds only
+    tensors (read with ``weights_only``)."""
+    root, results = runs
+    straight, crashed, resumed, _ = range(OSCI_JOBS.start, OSCI_JOBS.stop)
+    assert [[status for status, _ in results[job]] for job in (straight, crashed, resumed)] == [[0, 0], [1, 1], [0, 0]]
+    assert losses(root / "osci_resumed") == losses(root / "osci_straight")
+    ends = osci_rows(root, straight)
+    for a, b in zip(ends, osci_rows(root, resumed)):
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert all(rows["layers.0.attention.wq.rate"].shape[0] == 32 for rows in ends)  # 64 rows, split in halves
+    for state in rank_states(root / "osci_resumed" / "checkpoints" / "step_0000006", tmp_path):
+        assert state["osci_resets"] > 0
+
+
+def test_two_rank_osci_reset_state_loads_whole_in_one_process(runs):
+    """DCP gathers the ranks' rows of the de-oscillation state into whole tensors for one process."""
+    from adahop.nn import OsciReset
+    from adahop.train.sharded_checkpoint import load_sharded, read_sharded
+
+    root, _ = runs
+    checkpoint = root / "osci_straight" / "checkpoints" / "step_0000006"
+    model = build_model_from_config(load_config(root / "osci_straight" / "config.toml"))
+    osci = OsciReset(model, 0.001)
+    load_sharded(checkpoint, read_sharded(checkpoint), model, osci_reset=osci)
+    ranks = osci_rows(root, OSCI_JOBS.start)
+    whole = osci.state_dict()["tracks"]
+    assert whole.keys() == ranks[0].keys() and len(whole) == 3 * 7  # 7 layers, 3 tensors each
+    for key, value in whole.items():
+        assert torch.equal(value, torch.cat([rows[key] for rows in ranks])), key
+
+
+def test_one_process_osci_reset_state_resumes_on_two_ranks_split_by_rows(runs):
+    """Each rank keeps its rows of a single-process checkpoint's whole de-oscillation state, the
+    rows of its weight shard; rank 0 takes the count of resets."""
+    root, results = runs
+    widened = OSCI_JOBS.stop - 1
+    assert [status for status, _ in results[widened]] == [0, 0], results[widened]
+    saved = torch.load(root / "osci_widened" / "checkpoints" / "step_0000004.pt", weights_only=True)["osci_reset"]
+    assert saved["resets"] > 0
+    ranks = osci_rows(root, widened)
+    for key, whole in saved["tracks"].items():
+        assert all(torch.equal(rows[key], half) for rows, half in zip(ranks, whole.chunk(WORLD))), key
 
 
 def test_two_rank_checkpoint_resumes_on_one_process(runs, small_overrides, tmp_path):

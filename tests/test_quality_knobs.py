@@ -20,6 +20,19 @@ class Interrupted(Exception):
     pass
 
 
+def train_until_cut_off(cfg, monkeypatch, after: int) -> None:
+    """Train ``cfg`` until the step-``after`` checkpoint is written, then stop as a crash would."""
+
+    def save_then_crash(path, state):
+        ckpt.save_checkpoint(path, state)
+        if state["step"] == after:
+            raise Interrupted
+
+    with monkeypatch.context() as patch, pytest.raises(Interrupted):
+        patch.setattr(trainer_module, "save_checkpoint", save_then_crash)
+        Trainer(cfg, progress=False).train()
+
+
 def forward_backward(layer, x, g, seed=3):
     x = x.clone().requires_grad_()
     torch.manual_seed(seed)
@@ -73,15 +86,7 @@ def test_trainer_switches_at_the_fraction_and_a_resumed_run_switches_there_too(
 
     # Interrupted after step 4 (past the switch) and resumed: every step as in the straight run.
     cfg = load_config(None, overrides(tmp_path / "resumed", recipe__bf16_forward_after=0.5))
-
-    def save_then_crash(path, state):
-        ckpt.save_checkpoint(path, state)
-        if state["step"] == 4:
-            raise Interrupted
-
-    with monkeypatch.context() as patch, pytest.raises(Interrupted):
-        patch.setattr(trainer_module, "save_checkpoint", save_then_crash)
-        Trainer(cfg, progress=False).train()
+    train_until_cut_off(cfg, monkeypatch, after=4)
     Trainer(cfg, resume=True, progress=False).train()
     assert losses(tmp_path / "resumed") == second
 
@@ -161,3 +166,40 @@ def test_osci_reset_is_validated_and_attached_by_the_trainer(small_overrides, tm
     assert (
         Trainer(load_config(None, small_overrides(tmp_path / "off", recipe="mxfp4")), progress=False).osci_reset is None
     )
+
+
+def test_a_resumed_run_resets_the_same_weights_as_an_uninterrupted_one(
+    small_overrides, tmp_path, monkeypatch, one_thread
+):
+    """The de-oscillation state (last quantized values, directions, reversal rates, the count) is
+    in the checkpoint: interrupted after step 4 and resumed, the run resets the same elements in
+    steps 5 and 6 as the straight run, so every loss, weight and track is bit-identical."""
+
+    def run(out, crash_after=None):
+        cfg = load_config(None, small_overrides(out, recipe="mxfp4", recipe__osci_reset=0.001))
+        if crash_after is None:
+            trainer = Trainer(cfg, progress=False)
+        else:
+            train_until_cut_off(cfg, monkeypatch, after=crash_after)
+            trainer = Trainer(cfg, resume=True, progress=False)
+            assert trainer.step == crash_after and trainer.osci_reset.resets > 0  # resets before the cut too
+        counts = []  # after each step's de-oscillation (the hook attached before this one); none in step 1
+        osci = trainer.osci_reset
+        trainer.optimizer.register_step_post_hook(lambda *_: counts.append(int(osci.resets or 0)))
+        trainer.train()
+        return trainer, counts
+
+    straight, straight_counts = run(tmp_path / "straight")
+    resumed, resumed_counts = run(tmp_path / "resumed", crash_after=4)
+    assert straight_counts[-2] < straight_counts[-1] and straight_counts[-2:] == resumed_counts  # resets in 5 and 6
+    assert losses(tmp_path / "resumed") == losses(tmp_path / "straight")
+    for name, value in straight.model.state_dict().items():
+        assert torch.equal(value, resumed.model.state_dict()[name]), name
+    tracks = straight.osci_reset.state_dict()["tracks"]
+    assert (
+        tracks.keys()
+        == resumed.osci_reset.state_dict()["tracks"].keys()
+        == {f"{name}.{field}" for name in straight.named_layers for field in ("last", "direction", "rate")}
+    )
+    for key, value in tracks.items():
+        assert torch.equal(value, resumed.osci_reset.state_dict()["tracks"][key]), key

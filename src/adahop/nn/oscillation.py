@@ -11,18 +11,24 @@ reversal rate exceeds the threshold is reset to its quantized value, the centre 
 bin (in the rotated domain when the forward rotates, then rotated back), and its EMA restarts.
 
 Approximations, each cheap and stated: quantization is along ``in`` in 1-D blocks even under
-``weight_blocks="2d"``; a block-scale change between steps counts as a move; the state is not saved
-in checkpoints (it restarts after a resume); under FSDP2 each rank tracks its own rows (whole rows:
-blocks, scales and the Hadamard run along them).
+``weight_blocks="2d"``; a block-scale change between steps counts as a move; under FSDP2 each rank
+tracks its own rows (whole rows: blocks, scales and the Hadamard run along them).
+
+The state goes into checkpoints (:meth:`OsciReset.state_dict`), so a resumed run resets the same
+elements an uninterrupted one does; under FSDP2 the per-element tensors are DTensors sharded as
+their weights are, which a sharded checkpoint reshards for any number of ranks.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import empty as dtensor_empty
 
 from .. import ops
 from ..formats.rowwise import ROWWISE_FP8
@@ -50,6 +56,44 @@ class OsciReset:
         self.threshold, self.momentum = threshold, momentum
         self.tracks: dict[str, _Track] = {}
         self.resets: torch.Tensor | None = None  # int64 on the weights' device: elements reset so far
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"tracks": {"<layer>.<field>": tensor}, "resets": count or None}``: what a resumed run
+        needs to go on exactly. Under FSDP2 the tracks are DTensors sharded as their layer's weight
+        and ``resets`` is this rank's count."""
+        tracks = {}
+        for name, track in self.tracks.items():
+            weight = self.layers[name].weight
+            for field in _FIELDS:
+                tracks[f"{name}.{field}"] = _sharded_as(weight, getattr(track, field))
+        return {"tracks": tracks, "resets": self.resets}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict`; its tracks may be DTensors or whole tensors (under FSDP2 each
+        rank keeps its own rows). A layer this model lacks is a ``KeyError``."""
+        fields: dict[str, dict[str, torch.Tensor]] = {}
+        for key, value in state["tracks"].items():
+            name, field = key.rsplit(".", 1)
+            fields.setdefault(name, {})[field] = _own_rows(self._layer(name).weight, value)
+        self.tracks = {name: _Track(**track) for name, track in fields.items()}
+        resets = state["resets"]
+        self.resets = None if resets is None else resets.to(self._device())
+
+    def empty_track(self, key: str, size: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+        """A tensor to load the saved track ``key`` of whole shape ``size`` into (a sharded
+        checkpoint loads into given tensors): a DTensor sharded as its layer's weight under FSDP2."""
+        weight = self._layer(key.rsplit(".", 1)[0]).weight
+        if isinstance(weight, DTensor):
+            return dtensor_empty(size, dtype=dtype, device_mesh=weight.device_mesh, placements=weight.placements)
+        return torch.empty(size, dtype=dtype, device=weight.device)
+
+    def _layer(self, name: str) -> AdaHOPLinear:
+        if name not in self.layers:
+            raise KeyError(f"the de-oscillation state names layer {name!r}, which this model does not have")
+        return self.layers[name]
+
+    def _device(self) -> torch.device:
+        return next(iter(self.layers.values())).weight.device
 
     def attach(self, optimizer: torch.optim.Optimizer):
         """Run ``step`` after every ``optimizer.step()``; returns the hook's handle."""
@@ -89,6 +133,30 @@ class OsciReset:
         track.last = q.bfloat16()
         count = reset.sum()
         self.resets = count if self.resets is None else self.resets + count
+
+
+_FIELDS = tuple(f.name for f in dataclasses.fields(_Track))
+
+
+def _sharded_as(weight: torch.Tensor, track: torch.Tensor) -> torch.Tensor:
+    """``track`` (this rank's rows of a layer) as a DTensor sharded as ``weight`` is, when it is one."""
+    if not isinstance(weight, DTensor):
+        return track
+    shape = torch.Size((weight.shape[0], *track.shape[1:]))
+    return DTensor.from_local(
+        track, weight.device_mesh, weight.placements, run_check=False, shape=shape, stride=(track.shape[1], 1)
+    )
+
+
+def _own_rows(weight: torch.Tensor, track: torch.Tensor) -> torch.Tensor:
+    """This rank's rows of a saved track (a DTensor, or a whole tensor), on the weight's device."""
+    if isinstance(track, DTensor):
+        return track.to_local()
+    if isinstance(weight, DTensor):  # a whole tensor: every rank has it, each keeps its rows (no communication)
+        return distribute_tensor(
+            track.to(weight.device), weight.device_mesh, weight.placements, src_data_rank=None
+        ).to_local()
+    return track.to(weight.device)
 
 
 def _fake_quantize(w: torch.Tensor, spec) -> torch.Tensor:

@@ -12,6 +12,7 @@ A checkpoint is one ``torch.save`` file, ``<run_dir>/checkpoints/step_XXXXXXX.pt
 | `rng`       | torch CPU/CUDA (stochastic-rounding seeds come from these), Python and NumPy generator states |
 | `config`    | the run's resolved `TrainConfig.to_dict()`                                |
 | `data_fingerprint` | what it trains on: source, token count, SHA-256 of the tokens (`builders.data_fingerprint`) |
+| `osci_reset` | under `recipe.osci_reset`: the de-oscillation's per-element state (`OsciReset.state_dict`) |
 
 It is written to a temporary file in the same directory, flushed to disk and then renamed over
 the final name, so a crash mid-write leaves the previous checkpoints as they were; its SHA-256,
@@ -37,6 +38,7 @@ import torch
 from torch import nn
 
 from ..atomic import atomic_file
+from ..nn import OsciReset
 from ..recipes import Recipe
 from .checkpoint_files import (
     CHECKPOINT_DIR,
@@ -106,9 +108,10 @@ def training_state(
     loader: Any,
     config: dict[str, Any],
     data_fingerprint: dict[str, Any] | None = None,
+    osci_reset: OsciReset | None = None,
 ) -> dict[str, Any]:
     """The checkpoint of a run after ``step`` optimizer steps (see the module docstring)."""
-    return {
+    state = {
         "format": CHECKPOINT_FORMAT,
         "step": step,
         "model": model.state_dict(),
@@ -119,6 +122,9 @@ def training_state(
         "config": config,
         "data_fingerprint": data_fingerprint,
     }
+    if osci_reset is not None:
+        state["osci_reset"] = osci_reset.state_dict()
+    return state
 
 
 def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
@@ -293,9 +299,13 @@ def restore_state(
     optimizer: torch.optim.Optimizer | None = None,
     scheduler: Any | None = None,
     loader: Any | None = None,
+    osci_reset: OsciReset | None = None,
 ) -> None:
-    """Load a read checkpoint into ``model`` and whichever of the others are given."""
+    """Load a read checkpoint into ``model`` and whichever of the others are given (a checkpoint
+    that predates the de-oscillation's state leaves ``osci_reset`` to start afresh)."""
     targets = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "data": loader}
+    if osci_reset is not None and "osci_reset" in state:
+        targets["osci_reset"] = osci_reset
     for key, target in targets.items():
         if target is None:
             continue

@@ -8,7 +8,8 @@ writes its shards into. It holds what a single-process checkpoint holds:
 | `model`     | the parameters, sharded (DCP reshards them for any number of ranks on load)  |
 | `optimizer` | AdamW's state by parameter name, sharded alike                                |
 | `train`     | `format`, `step`, `scheduler`, `config`, `data_fingerprint` and the `world_size` that wrote it |
-| `ranks.R`   | rank R's data position, random generators and each AdaHOP layer's plan and calibration votes (votes are per rank until the plan freezes) |
+| `ranks.R`   | rank R's data position, random generators and each AdaHOP layer's plan and calibration votes (votes are per rank until the plan freezes); under `recipe.osci_reset` its count of resets |
+| `osci_reset` | under `recipe.osci_reset`: the de-oscillation's per-element state, sharded as the weights (DCP reshards it too) |
 
 Atomic: the ranks write into ``.step_XXXXXXX.tmp``, which rank 0 renames to its final name once
 DCP has written the metadata and the ranks the checksums of their files (``checksums.sha256``,
@@ -26,10 +27,12 @@ of ranks it continues bit for bit (on CPU).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
 import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +45,7 @@ from torch.distributed.checkpoint import CheckpointException, FileSystemWriter
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from ..atomic import publish_dir
-from ..nn import adahop_layers
+from ..nn import OsciReset, adahop_layers
 from .checkpoint_files import (
     CHECKPOINT_DIR,
     CHECKSUM_FILE,
@@ -99,15 +102,19 @@ def _holds_item(path: Path, fqn: str) -> bool:
     return fqn in dcp.FileSystemReader(path).read_metadata().state_dict_metadata
 
 
-def _empty_items(path: Path, prefix: str) -> dict[str, torch.Tensor]:
+def _empty_items(path: Path, prefix: str, empty: Callable[..., torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """Tensors of the saved shapes and dtypes for the items under ``prefix`` (``train``,
-    ``ranks.R``): :func:`_as_tensors`'s items vary in size, and DCP loads into given tensors."""
+    ``ranks.R``): :func:`_as_tensors`'s items vary in size, and DCP loads into given tensors.
+    ``empty(key, size, dtype)`` makes them (default: whole tensors on the CPU)."""
     metadata = dcp.FileSystemReader(path).read_metadata()
-    return {
-        fqn.removeprefix(f"{prefix}."): torch.empty(md.size, dtype=md.properties.dtype)
+    items = {
+        fqn.removeprefix(f"{prefix}."): md
         for fqn, md in metadata.state_dict_metadata.items()
         if fqn.startswith(f"{prefix}.")
     }
+    if empty is None:
+        return {key: torch.empty(md.size, dtype=md.properties.dtype) for key, md in items.items()}
+    return {key: empty(key, md.size, md.properties.dtype) for key, md in items.items()}
 
 
 def _load(state: dict[str, Any], path: Path, **kwargs: Any) -> None:
@@ -150,6 +157,7 @@ def save_sharded(
     loader: Any,
     config: dict[str, Any],
     data_fingerprint: dict[str, Any] | None = None,
+    osci_reset: OsciReset | None = None,
 ) -> Path:
     """Write the checkpoint of a distributed run after ``step`` steps; a collective (every rank
     calls it). A failed write on any rank raises on every rank: an ``OSError`` naming ``path``
@@ -165,12 +173,12 @@ def save_sharded(
         "data_fingerprint": data_fingerprint,  # rank 0's: it alone reads the data's fingerprint
         "world_size": world_size,
     }
-    state = {
-        "model": model_state,
-        "optimizer": optim_state,
-        "train": _as_tensors(train),
-        "ranks": {str(rank): _as_tensors({"data": loader.state_dict(), "rng": rng_state(), "layers": layers})},
-    }
+    own = {"data": loader.state_dict(), "rng": rng_state(), "layers": layers}
+    state = {"model": model_state, "optimizer": optim_state, "train": _as_tensors(train)}
+    if osci_reset is not None:
+        osci = osci_reset.state_dict()
+        state["osci_reset"], own["osci_resets"] = osci["tracks"], osci["resets"]
+    state["ranks"] = {str(rank): _as_tensors(own)}
     tmp = path.with_name(f".{path.name}.tmp")
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -268,12 +276,13 @@ def load_sharded(
     model: nn.Module,
     optimizer: torch.optim.Optimizer | None = None,
     loader: Any | None = None,
+    osci_reset: OsciReset | None = None,
 ) -> dict[str, Any]:
-    """Restore the model with its layer plans and votes (and the optimizer and data position,
-    when given) from a sharded checkpoint (``train``: its :func:`read_sharded`), on any number
-    of ranks (on one process too: DCP then reads whole tensors). A collective when distributed.
-    Returns the per-rank entry this rank takes (``rng``, ``data``, ``layers``); the caller
-    restores the random generators."""
+    """Restore the model with its layer plans and votes (and the optimizer, data position and
+    de-oscillation state, when given) from a sharded checkpoint (``train``: its
+    :func:`read_sharded`), on any number of ranks (on one process too: DCP then reads whole
+    tensors). A collective when distributed. Returns the per-rank entry this rank takes
+    (``rng``, ``data``, ``layers``); the caller restores the random generators."""
     rank = dist.get_rank() if dist.is_initialized() else 0
     saved_world = train["world_size"]
     model_state, optim_state = _model_state(model, optimizer)
@@ -283,6 +292,9 @@ def load_sharded(
     }  # same keys on every rank
     if optimizer is not None:
         state["optimizer"] = optim_state
+    if osci_reset is not None:  # none saved (a checkpoint that predates it): the tracking starts afresh
+        with _osci_state_fits(path):
+            state["osci_reset"] = _empty_items(path, "osci_reset", osci_reset.empty_track)
     try:
         _load(state, path)
         optimizers = [] if optimizer is None else optimizer
@@ -294,17 +306,27 @@ def load_sharded(
     own = from_tensors(state["ranks"][str(rank % saved_world)])
     for name, layer in adahop_layers(model).items():
         layer.set_extra_state(own["layers"][name])
+    if state.get("osci_reset"):
+        resets = own.get("osci_resets") if rank < saved_world else None  # a count per rank: none for a new one
+        with _osci_state_fits(path):
+            osci_reset.load_state_dict({"tracks": state["osci_reset"], "resets": resets})
     if loader is not None:
         loader.load_state_dict(own["data"])
     return own
 
 
 def load_full(
-    path: Path, state: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer, loader: Any
+    path: Path,
+    state: dict[str, Any],
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    loader: Any,
+    osci_reset: OsciReset | None = None,
 ) -> None:
     """Restore a single-process checkpoint (``state``: its ``read_checkpoint``) into a sharded
     model on every rank: each rank reads the whole file and keeps its shards. Every rank takes
-    the one process's calibration votes (merged at the freeze they pick the same majorities)."""
+    the one process's calibration votes (merged at the freeze they pick the same majorities);
+    rank 0 its count of de-oscillation resets."""
     names = {id(p): name for name, p in model.named_parameters()}
     # build_optimizer numbers the same parameters in the same order on one process and on many
     order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
@@ -325,6 +347,19 @@ def load_full(
     except (KeyError, IndexError, RuntimeError, ValueError) as e:
         raise CheckpointError(f"{path}: its model or optimizer state does not fit this run: {e}") from None
     loader.load_state_dict(state["data"])
+    if osci_reset is not None and "osci_reset" in state:
+        resets = state["osci_reset"]["resets"] if dist.get_rank() == 0 else None
+        with _osci_state_fits(path):
+            osci_reset.load_state_dict({"tracks": state["osci_reset"]["tracks"], "resets": resets})
+
+
+@contextlib.contextmanager
+def _osci_state_fits(path: Path) -> Iterator[None]:
+    """A saved de-oscillation state that names a layer this model lacks is a ``CheckpointError``."""
+    try:
+        yield
+    except KeyError as e:
+        raise CheckpointError(f"{path}: its de-oscillation state does not fit this run: {e.args[0]}") from None
 
 
 def restore_rng(own: dict[str, Any], train: dict[str, Any]) -> None:

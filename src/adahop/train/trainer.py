@@ -276,13 +276,14 @@ class Trainer:
         self._config_changes.append(change)
 
     def _resume_from(self, path: Path, state: dict) -> None:
+        osci = self.osci_reset
         if path.is_dir():
-            restore_rng(load_sharded(path, state, self.model, self.optimizer, self.data.train), state)
+            restore_rng(load_sharded(path, state, self.model, self.optimizer, self.data.train, osci), state)
         elif self.env.distributed:  # written by one process
-            load_full(path, state, self.model, self.optimizer, self.data.train)
+            load_full(path, state, self.model, self.optimizer, self.data.train, osci)
             restore_rng(state, {**state, "world_size": 1})
         else:
-            restore_state(path, state, self.model, self.optimizer, None, self.data.train)
+            restore_state(path, state, self.model, self.optimizer, None, self.data.train, osci)
             set_rng_state(state["rng"])
         apply_hyperparameters(self.optimizer, self.cfg.optim)
         self.step = state["step"]
@@ -300,6 +301,7 @@ class Trainer:
                 loader=self.data.train,
                 config=self.cfg.to_dict(),
                 data_fingerprint=self.data_fingerprint,
+                osci_reset=self.osci_reset,
             )
         else:
             state = training_state(
@@ -310,6 +312,7 @@ class Trainer:
                 self.data.train,
                 self.cfg.to_dict(),
                 self.data_fingerprint,
+                self.osci_reset,
             )
             path = save_checkpoint(checkpoint_path(self.run_dir, self.step), state)
         if self.env.is_main:
