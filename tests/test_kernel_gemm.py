@@ -10,7 +10,16 @@ import pytest
 import torch
 
 from adahop.formats import MXTensor, quantize_mx
-from adahop.kernels.fold import EXACT_BINADES, FOLD_OFFSET, fold_to_fp8, fold_to_fp8_reference
+from adahop.kernels.fold import (
+    EXACT_BINADES,
+    FOLD_OFFSET,
+    RESIDENT_PROGRAMS_PER_SM,
+    TILE_PIECES,
+    FoldConfig,
+    fold_plan,
+    fold_to_fp8,
+    fold_to_fp8_reference,
+)
 from adahop.kernels.gemm import MatmulStats, route_matmul
 from adahop.kernels.launch import INTERPRET
 from adahop.policy.routes import KERNEL_ROUTES, gemm_route
@@ -94,27 +103,72 @@ def test_fold_counts_planted_underflow_exactly():
     assert per_gap[-1] == 28  # 20 binades down, every nonzero element is lost
 
 
+# Tiles and grids besides the planned one: rows split into parts (the last one short: 64 pieces a
+# row in parts of 24), one row per program, and a part per loop step.
+SPLIT_CONFIGS = {
+    "planned": None,
+    "3-parts-ragged": FoldConfig(block_r=4, chunk=8, splits=3),
+    "1-row-2-parts": FoldConfig(block_r=1, chunk=32, splits=2),
+    "part-per-step": FoldConfig(block_r=8, chunk=16, splits=4),
+}
+
+
+@pytest.mark.parametrize("config", SPLIT_CONFIGS.values(), ids=SPLIT_CONFIGS.keys())
 @pytest.mark.parametrize("binades", [4, 24], ids=["normal-path", "rounding-path"])
-def test_fold_kernel_matches_reference_bit_for_bit(binades):
+def test_fold_kernel_matches_reference_bit_for_bit(binades, config):
     # Ragged rows and K; 24 binades put blocks past the exact range (the kernel's rounding path).
     x = wide_range_matrix(37, 1000, binades=binades, seed=1)
     x[3, 64:96] = float("inf")  # a NaN block
     x[5] = 0.0  # an all-zero row
+    # A row whose reference block sits in its first part and whose other parts lie 20 binades
+    # below it: every part must fold against the whole row's reference, not its own.
+    x[7, :32] *= 2.0**20
     mx = quantize_mx(x.to(DEVICE), axis=1)
-    want, got = fold_to_fp8_reference(mx), fold_to_fp8(mx)
+    want, got = fold_to_fp8_reference(mx), fold_to_fp8(mx, config)
     assert torch.equal(got.data.view(torch.uint8), want.data.view(torch.uint8))
     assert torch.equal(got.row_scale, want.row_scale)
     assert torch.equal(got.lossy_per_row, want.lossy_per_row)
-    assert (want.n_lossy > 0) == (binades > EXACT_BINADES)
+    others = torch.ones(37, dtype=torch.bool)
+    others[7] = False
+    assert (want.lossy_per_row[others].sum() > 0) == (binades > EXACT_BINADES)
+    assert want.lossy_per_row[7] > 0  # the planted row lost its far-below elements
     assert got.data[3, 64:96].float().isnan().all()
 
 
-def test_fold_lossy_count_equals_changed_elements():
+@pytest.mark.parametrize("config", [None, FoldConfig(block_r=2, chunk=8, splits=4)], ids=["planned", "4-parts"])
+def test_fold_lossy_count_equals_changed_elements(config):
+    """The parts of a split row add their counts: the total is every changed element, once."""
     mx = quantize_mx(wide_range_matrix(16, 512, binades=22, seed=2).to(DEVICE), axis=1)
-    folded = fold_to_fp8(mx)
+    folded = fold_to_fp8(mx, config)
     values = folded.data.double() * folded.row_scale.double()[:, None]
     changed = (values != mx.dequantize().double()).sum(dim=1)
     assert torch.equal(folded.lossy_per_row.long(), changed)
+
+
+LLAMA_WGRAD_ROWS = (512, 1024, 2048, 3072, 8192)  # llama3_1b / 3b: kv heads, dim, ffn
+
+
+@pytest.mark.parametrize("rows", LLAMA_WGRAD_ROWS)
+@pytest.mark.parametrize("tokens", [8192, 16384])
+def test_fold_plan_fills_the_gpu_on_long_rows(rows, tokens):
+    """A wgrad operand (K = tokens, a few thousand rows) gets one row per program and, where its
+    rows alone are less than a wave of resident programs, rows split into parts until they are."""
+    sms = 132
+    row_pieces = tokens // 16  # 8 packed bytes (16 elements) a piece
+    plan = fold_plan(rows, row_pieces, sms)
+    assert plan.block_r == 1 and plan.chunk == TILE_PIECES
+    programs = rows * plan.splits
+    # A wave of resident programs, or as many as parts of one loop step allow (512 rows of 8192).
+    assert programs >= sms * RESIDENT_PROGRAMS_PER_SM or plan.chunk * plan.splits == row_pieces
+    assert plan.splits == 1 or rows * plan.splits // 2 < sms * RESIDENT_PROGRAMS_PER_SM  # no more parts than needed
+    assert row_pieces % (plan.chunk * plan.splits) == 0  # every part a whole number of loop steps
+
+
+def test_fold_plan_keeps_short_rows_together():
+    """Short rows (a dgrad operand with K = 512) share a program: a loop step stays one piece a thread."""
+    plan = fold_plan(2048, 32, 132)
+    assert (plan.block_r, plan.chunk, plan.splits) == (TILE_PIECES // 32, 32, 1)
+    assert fold_plan(64, 16, 132) == FoldConfig(block_r=TILE_PIECES // 16, chunk=16, splits=1)  # nothing to split
 
 
 # --- the GEMM routes ----------------------------------------------------------------------

@@ -144,9 +144,12 @@ def variants() -> Iterator[tuple[str, triton.JITFunction, dict, dict, dict]]:
                     FOLD_POINTERS,
                 )
     config = fold.FoldConfig()
-    constexprs = dict(HALF_BLOCK=16, BLOCK_R=config.block_r, CHUNK=config.chunk, SCALE_CHUNK=config.scale_chunk)
-    options = {"num_warps": config.num_warps, "maxnreg": config.max_registers}
-    yield "_fold_kernel", fold._fold_kernel, constexprs, options, PACKED_FOLD_POINTERS
+    for split in (False, True):
+        constexprs = dict(
+            HALF_BLOCK=16, BLOCK_R=config.block_r, CHUNK=config.chunk, SCALE_CHUNK=config.scale_chunk, SPLIT=split
+        )
+        options = {"num_warps": config.num_warps, "maxnreg": config.max_registers}
+        yield f"_fold_kernel{' split' * split}", fold._fold_kernel, constexprs, options, PACKED_FOLD_POINTERS
 
 
 def main() -> None:

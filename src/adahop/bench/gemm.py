@@ -21,7 +21,7 @@ import torch
 from .. import ops
 from ..formats import MXTensor, quantize_mx
 from ..gemm import QuantSpec, prepare_operand, tn_matmul
-from ..kernels.fold import FoldConfig, fold_to_fp8
+from ..kernels.fold import FoldConfig, fold_to_fp8, planned_config
 from ..kernels.gemm import fold_fp8_matmul, route_matmul
 from ..kernels.gemm_triton import _mxfp4_dot_scaled_kernel, _mxfp4_fp8_kernel
 from ..policy import Strategy
@@ -30,11 +30,10 @@ from .common import copy_gb_per_s, geomean, ms_of, tflops
 
 LLAMA3_8B_SHAPES = ((16384, 4096, 4096), (16384, 14336, 4096), (16384, 4096, 14336), (16384, 6144, 4096))
 ROUTES = tuple(r.value for r in KERNEL_ROUTES)
-FOLD_CONFIGS = (
+FOLD_CONFIGS = (  # besides the planned one (kernels.fold.fold_plan)
     FoldConfig(),
-    FoldConfig(block_r=8, chunk=16),
-    FoldConfig(block_r=16, chunk=16),
-    FoldConfig(block_r=32, chunk=16, num_warps=8),
+    FoldConfig(block_r=8, chunk=32),
+    FoldConfig(block_r=1, chunk=256, num_warps=8),
 )
 OE_K = 64  # outlier rows or columns in the BF16 path, as in the paper
 SPREAD_BINADES = 20  # block scales of the underflow stress input span this many binades
@@ -68,7 +67,8 @@ def rel_errors(a: MXTensor, b: MXTensor, rows: torch.Tensor, **matmul_kwargs) ->
 def bench_fold(mx: MXTensor) -> dict:
     """Fastest fold config for ``mx`` and its bandwidth (packed codes + scales in, FP8 out)."""
     moved = mx.nbytes + mx.data.numel() * 2 + 8 * mx.scales.shape[0]
-    timings = {cfg: ms_of(lambda cfg=cfg: fold_to_fp8(mx, cfg)) for cfg in FOLD_CONFIGS}
+    configs = (planned_config(mx), *FOLD_CONFIGS)
+    timings = {cfg: ms_of(lambda cfg=cfg: fold_to_fp8(mx, cfg)) for cfg in configs}
     best = min(timings, key=timings.get)
     return {"ms": timings[best], "gb_per_s": moved / timings[best] / 1e6, "config": asdict(best)}
 

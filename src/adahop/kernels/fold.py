@@ -9,7 +9,9 @@ round-to-nearest-even underflow; the fold counts those elements per row instead 
 
 ``fold_to_fp8`` runs a Triton kernel (one read of the packed codes and scales, one write of
 FP8) on CUDA or under ``TRITON_INTERPRET=1``; ``adahop.ops.fold_fp8`` chooses between it and
-``fold_to_fp8_reference``.
+``fold_to_fp8_reference``. Its grid is rows x parts of a row (``fold_plan``): a wgrad operand has
+a few thousand rows of K = tokens, so long rows are split until the grid fills the GPU; each part
+reads its rows' whole scale codes (a byte per 32 elements) for the reference exponent.
 """
 
 from __future__ import annotations
@@ -34,6 +36,14 @@ EXACT_BINADES = 14  # blocks up to this far below their row's reference fold exa
 # E4M3 subnormal); clamping the shift there keeps every intermediate exact in float32.
 FLUSH_SHIFT = -16
 PIECE_BYTES = 8  # packed bytes per thread access: 8 in, 16 E4M3 codes (one 16-byte store) out
+# The launch plan (``fold_plan``): pieces per loop step of a program (one a thread at 4 warps: with
+# two, ptxas spills the byte-table gathers' addresses at 64 registers; benchmarks/quantize/fold_sm90.py),
+# the narrowest step along a row, and how many 4-warp programs an SM holds at 64 registers a thread
+# (its 64K registers), which is what one wave of the grid is counted in.
+TILE_PIECES = 128
+MIN_CHUNK = 16
+RESIDENT_PROGRAMS_PER_SM = 8
+H200_SMS = 132  # the SM count the interpreter plans for
 
 # The same numbers as Triton compile-time constants, plus the E4M3 facts the kernel needs.
 _OFFSET = tl.constexpr(FOLD_OFFSET)
@@ -110,6 +120,26 @@ def _fold_nibbles(codes, shift):
 
 
 @triton.jit
+def _reference_exponents(scales_ptr, rows, row_ok, n_blocks, first_block, last_block, SCALE_CHUNK: tl.constexpr):
+    """Each row's reference exponent (its largest finite E8M0 code, over the whole row) and its
+    smallest code among blocks ``[first_block, last_block)``, the part this program folds.
+
+    A scale code is one byte per 32 elements, so every program of a split row reads its rows'
+    codes in full: the reference needs no second pass and no communication between programs.
+    """
+    scale_rows = scales_ptr + rows.to(tl.int64)[:, None] * n_blocks
+    ref = tl.zeros(rows.shape, dtype=tl.int32)
+    low = tl.full(rows.shape, 255, dtype=tl.int32)
+    for b0 in range(0, n_blocks, SCALE_CHUNK):
+        blk = b0 + tl.arange(0, SCALE_CHUNK)[None, :]
+        codes = tl.load(scale_rows + blk, mask=row_ok[:, None] & (blk < n_blocks), other=255).to(tl.int32)
+        ref = tl.maximum(ref, tl.max(tl.where(codes == 255, 0, codes), axis=1))
+        in_part = (blk >= first_block) & (blk < last_block)
+        low = tl.minimum(low, tl.min(tl.where(in_part, codes, 255), axis=1))
+    return ref, low
+
+
+@triton.jit
 def _fold_rows(
     data_ptr,
     scales_ptr,
@@ -119,11 +149,14 @@ def _fold_rows(
     row_ok,
     ref,
     n_blocks,
+    first_piece,
+    last_piece,
     HALF_BLOCK: tl.constexpr,
     CHUNK: tl.constexpr,
     EXACT: tl.constexpr,
 ):
-    """Fold rows in [rows, pieces, 8 bytes] tiles, each packed byte into a pair of E4M3 codes.
+    """Fold pieces ``[first_piece, last_piece)`` of ``rows`` in [rows, pieces, 8 bytes] tiles,
+    each packed byte into a pair of E4M3 codes.
 
     A thread reads 8 packed bytes and writes 16 E4M3 codes: one 16-byte store, and the same
     register layout for both (no shuffle through shared memory). ``EXACT=False`` serves rows
@@ -131,15 +164,15 @@ def _fold_rows(
     shift is added to both exponent fields at once. ``EXACT=True`` rounds far-below blocks onto
     the subnormal grid and counts the elements that lose bits.
     """
-    n_pieces = n_blocks * (HALF_BLOCK // _PIECE)
+    pieces_per_block: tl.constexpr = HALF_BLOCK // _PIECE
     row_bytes = rows.to(tl.int64)[:, None, None] * (n_blocks * HALF_BLOCK)
     scale_rows = scales_ptr + rows.to(tl.int64)[:, None, None] * n_blocks
     byte = tl.arange(0, _PIECE)[None, None, :]
     n_lossy = tl.zeros(rows.shape, dtype=tl.int32)
-    for p0 in range(0, n_pieces, CHUNK):
+    for p0 in range(first_piece, last_piece, CHUNK):
         piece = p0 + tl.arange(0, CHUNK)[None, :, None]
-        ok = row_ok[:, None, None] & (piece < n_pieces)
-        codes = tl.load(scale_rows + piece // (HALF_BLOCK // _PIECE), mask=ok, other=0).to(tl.int32)
+        ok = row_ok[:, None, None] & (piece < last_piece)
+        codes = tl.load(scale_rows + piece // pieces_per_block, mask=ok, other=0).to(tl.int32)
         nan = codes == 255
         # Exponent shift of each block relative to the row's reference (none where masked).
         shift = tl.where(nan | ~ok, _OFFSET, codes - ref[:, None, None] + _OFFSET)
@@ -170,55 +203,127 @@ def _fold_kernel(
     lossy_ptr,
     n_rows,
     n_blocks,
+    split_pieces,
     HALF_BLOCK: tl.constexpr,
     BLOCK_R: tl.constexpr,
     CHUNK: tl.constexpr,
     SCALE_CHUNK: tl.constexpr,
+    SPLIT: tl.constexpr,
 ):
+    """Program (i, j) folds rows ``[i * BLOCK_R, (i + 1) * BLOCK_R)``, pieces ``[j * split_pieces,
+    (j + 1) * split_pieces)`` of each. ``SPLIT``: rows have more than one part (grid axis 1 > 1),
+    so the parts add their lossy counts into a zeroed array; otherwise each program stores them."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < n_rows
-    scale_rows = scales_ptr + rows.to(tl.int64)[:, None] * n_blocks
+    part = tl.program_id(1)
+    pieces_per_block: tl.constexpr = HALF_BLOCK // _PIECE
+    first_piece = part * split_pieces
+    last_piece = tl.minimum(first_piece + split_pieces, n_blocks * pieces_per_block)
+    first_block = first_piece // pieces_per_block
+    last_block = (last_piece + pieces_per_block - 1) // pieces_per_block
 
-    # Each row's reference exponent (its largest finite E8M0 code) and its smallest one.
-    ref = tl.zeros([BLOCK_R], dtype=tl.int32)
-    low = tl.full([BLOCK_R], 255, dtype=tl.int32)
-    for b0 in range(0, n_blocks, SCALE_CHUNK):
-        blk = b0 + tl.arange(0, SCALE_CHUNK)[None, :]
-        codes = tl.load(scale_rows + blk, mask=row_ok[:, None] & (blk < n_blocks), other=255)
-        codes = codes.to(tl.int32)
-        ref = tl.maximum(ref, tl.max(tl.where(codes == 255, 0, codes), axis=1))
-        low = tl.minimum(low, tl.min(codes, axis=1))
+    ref, low = _reference_exponents(scales_ptr, rows, row_ok, n_blocks, first_block, last_block, SCALE_CHUNK)
     # 2**(ref - 127 - FOLD_OFFSET) from bits; a subnormal float32 when the biased exponent is <= 0.
     scale_exp = ref - _OFFSET
     scale_bits = tl.where(scale_exp > 0, scale_exp << 23, 1 << (22 + scale_exp))
-    tl.store(row_scale_ptr + rows, scale_bits, mask=row_ok)
+    if part == 0:
+        tl.store(row_scale_ptr + rows, scale_bits, mask=row_ok)
 
     # One decision per program keeps the common loop free of rounding work and reductions.
     if tl.min(low - ref) + _OFFSET >= _MIN_NORMAL_SHIFT:
         n_lossy = _fold_rows(
-            data_ptr, scales_ptr, lut_ptr, out_ptr, rows, row_ok, ref, n_blocks, HALF_BLOCK, CHUNK, False
+            data_ptr,
+            scales_ptr,
+            lut_ptr,
+            out_ptr,
+            rows,
+            row_ok,
+            ref,
+            n_blocks,
+            first_piece,
+            last_piece,
+            HALF_BLOCK,
+            CHUNK,
+            False,
         )
     else:
         n_lossy = _fold_rows(
-            data_ptr, scales_ptr, lut_ptr, out_ptr, rows, row_ok, ref, n_blocks, HALF_BLOCK, CHUNK, True
+            data_ptr,
+            scales_ptr,
+            lut_ptr,
+            out_ptr,
+            rows,
+            row_ok,
+            ref,
+            n_blocks,
+            first_piece,
+            last_piece,
+            HALF_BLOCK,
+            CHUNK,
+            True,
         )
-    tl.store(lossy_ptr + rows, n_lossy, mask=row_ok)
+    if SPLIT:
+        tl.atomic_add(lossy_ptr + rows, n_lossy, mask=row_ok & (n_lossy > 0), sem="relaxed")
+    else:
+        tl.store(lossy_ptr + rows, n_lossy, mask=row_ok)
 
 
 @dataclass(frozen=True)
 class FoldConfig:
-    """Tile of the fold kernel: rows per program, 8-byte pieces of each row per step, warps and
-    the per-thread register cap (ptxas' maxnreg; None: the compiler's choice)."""
+    """Tile of the fold kernel: rows per program, 8-byte pieces of each row per loop step, parts
+    each row is split into (programs along K), warps and the per-thread register cap (ptxas'
+    maxnreg; None: the compiler's choice)."""
 
-    block_r: int = 8
+    block_r: int = 4
     chunk: int = 32
+    splits: int = 1
     scale_chunk: int = 128
     num_warps: int = 4
     max_registers: int | None = 64  # more resident warps on long rows (results: 2026-12-04-h200-quantize-kernels)
 
 
-def fold_to_fp8(mx: MXTensor, config: FoldConfig = FoldConfig()) -> FoldedFP8:
-    """Fold an [R, K] MXFP4 matrix (blocks along K) into E4M3 data and per-row scales."""
+def _next_pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def fold_plan(n_rows: int, row_pieces: int, n_sms: int) -> FoldConfig:
+    """The tile and grid for an operand of ``n_rows`` rows of ``row_pieces`` 8-byte pieces.
+
+    Every loop step covers ``TILE_PIECES`` pieces: long rows take one row per program (a wide
+    tile), short rows several. Rows are then split into parts (a power of two) until the grid
+    holds at least one wave of resident programs, so an operand with few long rows (a wgrad
+    operand: K = tokens) still keeps every SM busy; no part is shorter than one loop step.
+    """
+    chunk = min(TILE_PIECES, max(MIN_CHUNK, _next_pow2(row_pieces)))
+    block_r = TILE_PIECES // chunk
+    row_programs, steps = cdiv(n_rows, block_r), cdiv(row_pieces, chunk)
+    splits = 1
+    while row_programs * splits < n_sms * RESIDENT_PROGRAMS_PER_SM and 2 * splits <= steps:
+        splits *= 2
+    return FoldConfig(block_r=block_r, chunk=chunk, splits=splits)
+
+
+def fold_grid(n_rows: int, row_pieces: int, config: FoldConfig) -> tuple[int, tuple[int, int]]:
+    """Pieces in each part of a row and the grid (row blocks, parts): parts are whole loop steps,
+    so only a row's last part is short."""
+    split_pieces = max(1, cdiv(cdiv(row_pieces, config.splits), config.chunk)) * config.chunk
+    return split_pieces, (cdiv(n_rows, config.block_r), cdiv(row_pieces, split_pieces))
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else H200_SMS
+
+
+def planned_config(mx: MXTensor) -> FoldConfig:
+    """``fold_plan`` for ``mx`` (its rows as stored, padded to whole blocks) on its device."""
+    n_rows, n_blocks = mx.scales.shape
+    return fold_plan(n_rows, n_blocks * mx.block_size // (2 * PIECE_BYTES), _sm_count(mx.data.device))
+
+
+def fold_to_fp8(mx: MXTensor, config: FoldConfig | None = None) -> FoldedFP8:
+    """Fold an [R, K] MXFP4 matrix (blocks along K) into E4M3 data and per-row scales;
+    ``config``: the tile and grid (default: ``fold_plan`` for the shape and the device)."""
     check_fold_operand(mx)
     if not (mx.device.type == "cuda" or INTERPRET):
         raise RuntimeError(
@@ -229,11 +334,13 @@ def fold_to_fp8(mx: MXTensor, config: FoldConfig = FoldConfig()) -> FoldedFP8:
         raise ValueError(f"fold_to_fp8 needs blocks of a multiple of {2 * PIECE_BYTES} elements, got {mx.block_size}")
     n_rows, n_blocks = mx.scales.shape
     device = mx.data.device
+    config = config or planned_config(mx)
+    split_pieces, grid = fold_grid(n_rows, n_blocks * mx.block_size // (2 * PIECE_BYTES), config)
+    parts = grid[1]
     data = torch.empty(n_rows, n_blocks * mx.block_size // 2, dtype=torch.int16, device=device)
     # Separate tensors, not views of one: adahop::fold_fp8's outputs may not alias each other.
     row_scale = torch.empty(n_rows, dtype=torch.float32, device=device)
-    lossy = torch.empty(n_rows, dtype=torch.int32, device=device)
-    grid = (cdiv(n_rows, config.block_r),)
+    lossy = (torch.zeros if parts > 1 else torch.empty)(n_rows, dtype=torch.int32, device=device)
     _fold_kernel[grid](
         mx.data.contiguous(),
         mx.scales.contiguous(),
@@ -243,10 +350,12 @@ def fold_to_fp8(mx: MXTensor, config: FoldConfig = FoldConfig()) -> FoldedFP8:
         lossy,
         n_rows,
         n_blocks,
+        split_pieces,
         HALF_BLOCK=mx.block_size // 2,
         BLOCK_R=config.block_r,
         CHUNK=config.chunk,
         SCALE_CHUNK=config.scale_chunk,
+        SPLIT=parts > 1,
         num_warps=config.num_warps,
         maxnreg=config.max_registers,
     )
