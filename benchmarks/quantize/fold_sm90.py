@@ -21,22 +21,13 @@ import tempfile
 from pathlib import Path
 
 import triton
-from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from adahop.kernels import fold
+from ptx_fingerprint import PACKED_FOLD_POINTERS, SM90  # this folder's script: the same kernel, its pointer types
 
-SM90 = GPUTarget("cuda", 90, 32)
 H200_SMS = 132
 ELEMENTS_PER_PIECE = 2 * fold.PIECE_BYTES
-POINTERS = {
-    "data_ptr": "*u8",
-    "scales_ptr": "*u8",
-    "lut_ptr": "*i32",
-    "out_ptr": "*i16",
-    "row_scale_ptr": "*i32",
-    "lossy_ptr": "*i32",
-}
 # (model, tokens, dim, ffn, kv_dim) of the presets at the bench's batch.
 MODELS = (("llama3_1b 8x2048", 16384, 2048, 8192, 512), ("llama3_3b 4x2048", 8192, 3072, 8192, 1024))
 
@@ -64,7 +55,7 @@ def compile_variant(config: fold.FoldConfig, split: bool):
     constexprs = dict(
         HALF_BLOCK=16, BLOCK_R=config.block_r, CHUNK=config.chunk, SCALE_CHUNK=config.scale_chunk, SPLIT=split
     )
-    signature = {n: "constexpr" if n in constexprs else POINTERS.get(n, "i32") for n in names}
+    signature = {n: "constexpr" if n in constexprs else PACKED_FOLD_POINTERS.get(n, "i32") for n in names}
     source = ASTSource(fold._fold_kernel, signature, constexprs={(names.index(n),): v for n, v in constexprs.items()})
     options = {"num_warps": config.num_warps, "maxnreg": config.max_registers}
     return triton.compile(source, target=SM90, options=options)

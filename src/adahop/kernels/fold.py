@@ -149,13 +149,13 @@ def _fold_rows(
     row_ok,
     ref,
     n_blocks,
-    first_piece,
-    last_piece,
+    start,
+    stop,
     HALF_BLOCK: tl.constexpr,
     CHUNK: tl.constexpr,
     EXACT: tl.constexpr,
 ):
-    """Fold pieces ``[first_piece, last_piece)`` of ``rows`` in [rows, pieces, 8 bytes] tiles,
+    """Fold pieces ``[start, stop)`` of ``rows`` in [rows, pieces, 8 bytes] tiles,
     each packed byte into a pair of E4M3 codes.
 
     A thread reads 8 packed bytes and writes 16 E4M3 codes: one 16-byte store, and the same
@@ -169,9 +169,9 @@ def _fold_rows(
     scale_rows = scales_ptr + rows.to(tl.int64)[:, None, None] * n_blocks
     byte = tl.arange(0, _PIECE)[None, None, :]
     n_lossy = tl.zeros(rows.shape, dtype=tl.int32)
-    for p0 in range(first_piece, last_piece, CHUNK):
+    for p0 in range(start, stop, CHUNK):
         piece = p0 + tl.arange(0, CHUNK)[None, :, None]
-        ok = row_ok[:, None, None] & (piece < last_piece)
+        ok = row_ok[:, None, None] & (piece < stop)
         codes = tl.load(scale_rows + piece // pieces_per_block, mask=ok, other=0).to(tl.int32)
         nan = codes == 255
         # Exponent shift of each block relative to the row's reference (none where masked).
@@ -217,10 +217,10 @@ def _fold_kernel(
     row_ok = rows < n_rows
     part = tl.program_id(1)
     pieces_per_block: tl.constexpr = HALF_BLOCK // _PIECE
-    first_piece = part * split_pieces
-    last_piece = tl.minimum(first_piece + split_pieces, n_blocks * pieces_per_block)
-    first_block = first_piece // pieces_per_block
-    last_block = (last_piece + pieces_per_block - 1) // pieces_per_block
+    start = part * split_pieces
+    stop = tl.minimum(start + split_pieces, n_blocks * pieces_per_block)
+    first_block = start // pieces_per_block
+    last_block = (stop + pieces_per_block - 1) // pieces_per_block
 
     ref, low = _reference_exponents(scales_ptr, rows, row_ok, n_blocks, first_block, last_block, SCALE_CHUNK)
     # 2**(ref - 127 - FOLD_OFFSET) from bits; a subnormal float32 when the biased exponent is <= 0.
@@ -232,35 +232,11 @@ def _fold_kernel(
     # One decision per program keeps the common loop free of rounding work and reductions.
     if tl.min(low - ref) + _OFFSET >= _MIN_NORMAL_SHIFT:
         n_lossy = _fold_rows(
-            data_ptr,
-            scales_ptr,
-            lut_ptr,
-            out_ptr,
-            rows,
-            row_ok,
-            ref,
-            n_blocks,
-            first_piece,
-            last_piece,
-            HALF_BLOCK,
-            CHUNK,
-            False,
+            data_ptr, scales_ptr, lut_ptr, out_ptr, rows, row_ok, ref, n_blocks, start, stop, HALF_BLOCK, CHUNK, False
         )
     else:
         n_lossy = _fold_rows(
-            data_ptr,
-            scales_ptr,
-            lut_ptr,
-            out_ptr,
-            rows,
-            row_ok,
-            ref,
-            n_blocks,
-            first_piece,
-            last_piece,
-            HALF_BLOCK,
-            CHUNK,
-            True,
+            data_ptr, scales_ptr, lut_ptr, out_ptr, rows, row_ok, ref, n_blocks, start, stop, HALF_BLOCK, CHUNK, True
         )
     if SPLIT:
         tl.atomic_add(lossy_ptr + rows, n_lossy, mask=row_ok & (n_lossy > 0), sem="relaxed")
