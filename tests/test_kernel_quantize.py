@@ -14,7 +14,7 @@ import mx_oracle
 from adahop.formats import ELEMENT_FORMATS, SCALE_RULES, MXTensor, philox, quantize_mx
 from adahop.kernels.mx_math import philox_noise
 from adahop.kernels.quantize import quantize_mx_triton, quantize_mx_triton_both
-from adahop.kernels.quantize_tiling import QuantizeTiling
+from adahop.kernels.quantize_tiling import CUDA_TILINGS, QuantizeTiling
 from adahop.transforms.hadamard import (
     HADAMARD_BLOCK_SIZES,
     hadamard_matrix,
@@ -169,6 +169,19 @@ def test_rowwise_h32_kernel_odd_shapes_and_bad_values(dtype, rounding):
     signs = random_signs(32, seed=9) if rounding == "stochastic" else None
     check(hard_matrix(33, 96, dtype), SMALL_TILES, hadamard_block_size=32, signs=signs, rounding=rounding, seed=21)
     check(hard_matrix(40, 512, dtype), hadamard_block_size=32, signs=signs, rounding=rounding, seed=21)
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16, torch.float16))
+@pytest.mark.parametrize("rounding", ("nearest", "stochastic"))
+def test_colwise_kernel_whole_and_partial_tiles(dtype, rounding):
+    """The column-wise MXFP4 kernel with its GPU tile (64 columns): unchecked loads and stores where
+    the tiles cover x exactly, masked ones where a tile or a block is partial; NaN/Inf, subnormals, signs."""
+    tiling = CUDA_TILINGS["colwise", True]
+    signs = random_signs(32, seed=9) if rounding == "stochastic" else None
+    for cols in (128, 96):  # 96: a partial last tile
+        x = hard_matrix(64, cols, dtype)
+        check(x, tiling, axis=0, hadamard_block_size=32, signs=signs, rounding=rounding, seed=21)
+    check(hard_matrix(45, 64, dtype), tiling, axis=0, rounding=rounding, seed=21)  # a partial last block
 
 
 @pytest.mark.parametrize("hadamard_block_size", HADAMARD_BLOCK_SIZES)

@@ -59,8 +59,11 @@ PACKED_FOLD_POINTERS = {
 LAUNCH_OPTIONS = ("num_warps", "maxnreg")  # compile options, not kernel arguments
 
 
-def compile_sm90(kernel: triton.JITFunction, constexprs: dict, options: dict, pointers: dict) -> str:
-    """The kernel's PTX for sm_90 with ``constexprs``, debug information left out."""
+def compile_kernel(
+    kernel: triton.JITFunction, constexprs: dict, options: dict, pointers: dict, aligned: bool = False
+) -> triton.compiler.CompiledKernel:
+    """``kernel`` compiled for sm_90 with ``constexprs``; ``aligned``: its pointers and integer
+    arguments specialized as multiples of 16, as the JIT does at training shapes."""
     names = kernel.arg_names
     signature = {
         n: "constexpr"
@@ -72,8 +75,19 @@ def compile_sm90(kernel: triton.JITFunction, constexprs: dict, options: dict, po
         else "i32"
         for n in names
     }
-    source = ASTSource(kernel, signature, constexprs={(names.index(n),): v for n, v in constexprs.items()})
-    ptx = triton.compile(source, target=SM90, options=options).asm["ptx"]
+    divisible = [n for n, t in signature.items() if t.startswith(("*", "i32"))] if aligned else []
+    source = ASTSource(
+        kernel,
+        signature,
+        constexprs={(names.index(n),): v for n, v in constexprs.items()},
+        attrs={(names.index(n),): [["tt.divisibility", 16]] for n in divisible},
+    )
+    return triton.compile(source, target=SM90, options=options)
+
+
+def compile_sm90(kernel: triton.JITFunction, constexprs: dict, options: dict, pointers: dict) -> str:
+    """The kernel's PTX for sm_90 with ``constexprs``, debug information left out."""
+    ptx = compile_kernel(kernel, constexprs, options, pointers).asm["ptx"]
     code = re.split(r"^\s*\.section\s+\.debug", ptx, maxsplit=1, flags=re.M)[0]
     lines = (line for line in code.splitlines() if not line.strip().startswith((".loc", ".file", "//")))
     return re.sub(r"\$L__\w+", "L", "\n".join(lines))

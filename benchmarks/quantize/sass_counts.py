@@ -1,54 +1,43 @@
-"""Static sm_90 instruction counts per element of the quantize kernels, without a GPU.
+"""Static sm_90 resources and instruction counts per element of the quantize kernels, without a GPU.
 
-The quantizer is bound by the instructions it issues (the integer-logic pipe most of all), so
-the count per element predicts its speed before a GPU run. Triton compiles each kernel for
-``sm_90`` with the ``ptxas`` it bundles; this script disassembles the cubin and divides the
-instructions of one program (no loops in these kernels) by the elements a thread handles.
-Specializations mirror what the JIT does at run time (unit inner stride, 16-divisible sizes).
-Counts depend on the Triton version: use the GPU machine's (3.6.0 on the H200 here), e.g.
+For each bf16 MXFP4 launch that ``quantize_mx_triton`` and ``quantize_fold_fp8`` pick (the variants of
+``ptx_fingerprint.py``, at a shape whose tiles cover the tensor), Triton compiles the kernel for
+``sm_90`` with the ``ptxas`` it bundles, specialized as the JIT does at training shapes (pointers and
+sizes multiples of 16). The script prints the registers per thread (they set the occupancy), the
+stack (spilled registers), the shared memory and barriers (a layout change through shared memory),
+and the instructions of one program (no loops in these kernels; both sides of a branch, such as the
+fused fold's rare exact path, are counted) divided by the elements it handles:
+the quantizer is bound by the instructions it issues and by the latency its occupancy can hide, so
+these predict its speed before a GPU run. They depend on the Triton version: use the GPU machine's
+(3.6.0 on the H200 here), e.g.
 
     python -m venv --system-site-packages /tmp/t36 && /tmp/t36/bin/pip install triton==3.6.0
-    PYTHONPATH=src /tmp/t36/bin/python benchmarks/quantize/sass_counts.py
+    env -u TRITON_INTERPRET PYTHONPATH=src /tmp/t36/bin/python benchmarks/quantize/sass_counts.py
 """
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import tempfile
 from collections import Counter
 
 import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 
-from adahop.formats.mx import ELEMENT_FORMATS
-from adahop.kernels.launch import max_code
-from adahop.kernels.quantize_general import _quantize_mx_kernel
-from adahop.kernels.quantize_mxfp4 import _quantize_cols_kernel, _quantize_rows_kernel
-from adahop.kernels.quantize_tiling import CUDA_TILINGS
+from ptx_fingerprint import compile_kernel, variants
 
-MXFP4 = ELEMENT_FORMATS["mxfp4"]
-FORMAT = dict(
-    RULE="floor",
-    EMAX=MXFP4.emax,
-    EMIN=MXFP4.emin,
-    MBITS=MXFP4.mbits,
-    MAX_NORMAL=MXFP4.max_normal,
-    MAX_CODE=max_code(MXFP4),
-)
-BF16_IN = dict(INPUT_BF16=True, ROUND_TO="bf16", NATIVE_CASTS=True, HAS_SIGNS=False, SCORES=False)
 _INSTRUCTION = re.compile(r"^[0-9a-f-]{2}:\S+\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)")
+CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 
 
-def compile_sm90(kernel, args: dict[str, str], constants: dict, num_warps: int):
-    """Compile ``kernel`` for sm_90; ``args`` maps runtime arguments to Triton types."""
-    names = kernel.arg_names  # the signature follows the kernel's argument order
-    constants = {"score_ptr": None, **constants}  # no outlier scores: the pointer is never read
-    signature = {n: "constexpr" if n in constants else args[n] for n in names}
-    divisible = [n for n, t in args.items() if t.startswith("*") or n in ("M", "N", "stride_m", "m_padded", "n_padded")]
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in divisible}
-    constexprs = {(names.index(n),): v for n, v in constants.items()}
-    src = ASTSource(kernel, signature, constexprs=constexprs, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+def resource_usage(compiled) -> dict[str, int]:
+    """Registers per thread and stack bytes (spills) from ``cuobjdump --dump-resource-usage``."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+        cubin.write(compiled.asm["cubin"])
+        cubin.flush()
+        out = subprocess.run([CUOBJDUMP, "--dump-resource-usage", cubin.name], capture_output=True, text=True).stdout
+    return {key: int(re.search(rf"{key}:(\d+)", out).group(1)) for key in ("REG", "STACK")}
 
 
 def per_element(compiled, elements_per_program: int) -> tuple[float, Counter]:
@@ -61,86 +50,23 @@ def per_element(compiled, elements_per_program: int) -> tuple[float, Counter]:
     return sum(ops.values()) * threads / elements_per_program, ops
 
 
-def cases():
-    """(name, compiled kernel, elements per program) for the kernels ``quantize_mx_triton`` picks."""
-    general = {
-        "x_ptr": "*i16",
-        "signs_ptr": "*fp32",
-        "row_data_ptr": "*i32",
-        "row_scale_ptr": "*u8",
-        "col_data_ptr": "*i32",
-        "col_scale_ptr": "*u8",
-        "M": "i32",
-        "N": "i32",
-        "stride_m": "i32",
-        "m_padded": "i32",
-        "n_padded": "i32",
-        "seed_ptr": "*i64",
-        "hadamard_scale": "fp32",
-    }
-    for orientation in ("both",):
-        for stochastic in (False, True):
-            t = CUDA_TILINGS[orientation, False].fit(32, 32)  # whole blocks both ways, as the launch does
-            consts = dict(
-                stride_n=1,
-                ROWWISE=True,
-                COLWISE=orientation == "both",
-                BLOCK_M=t.block_m,
-                BLOCK_N=t.block_n,
-                HADAMARD=0,
-                HADAMARD_STAGES=0,
-                BLOCK_SIZE=32,
-                STOCHASTIC=stochastic,
-                ELEMENT_BITS=4,
-                CODES_PER_UNIT=8,
-                **BF16_IN,
-                **FORMAT,
-            )
-            yield (
-                f"{orientation} {'SR' if stochastic else 'RN'} (general kernel)",
-                compile_sm90(_quantize_mx_kernel, general, consts, t.num_warps),
-                t.block_m * t.block_n,
-            )
-    rows = {
-        "x_ptr": "*i16",
-        "signs_ptr": "*fp32",
-        "data_ptr": "*i32",
-        "scale_ptr": "*u8",
-        "M": "i32",
-        "N": "i32",
-        "stride_m": "i32",
-        "n_padded": "i32",
-        "seed_ptr": "*i64",
-        "hadamard_scale": "fp32",
-    }
-    cols = {**rows, "m_padded": "i32"}
-    del cols["n_padded"]
-    for stochastic in (False, True):
-        tag = "SR" if stochastic else "RN"
-        for hb in (0, 32):
-            t = CUDA_TILINGS["rowwise", bool(hb)]
-            consts = dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, HADAMARD=hb, STOCHASTIC=stochastic, **BF16_IN, **FORMAT)
-            yield (
-                f"rowwise{' H32' if hb else ''} {tag}",
-                compile_sm90(_quantize_rows_kernel, rows, consts, t.num_warps),
-                t.block_m * t.block_n,
-            )
-        for hb in (0, 32):
-            t = CUDA_TILINGS["colwise", bool(hb)]
-            consts = dict(BLOCK_N=t.block_n, HADAMARD=hb, STOCHASTIC=stochastic, **BF16_IN, **FORMAT)
-            yield (
-                f"colwise{' H32' if hb else ''} {tag}",
-                compile_sm90(_quantize_cols_kernel, cols, consts, t.num_warps),
-                32 * t.block_n,
-            )
-
-
 def main() -> None:
-    print(f"triton {triton.__version__}, sm_90, bf16 in, MXFP4 out: instructions per element")
-    for name, compiled, elements in cases():
+    print(f"triton {triton.__version__}, sm_90, bf16 in, MXFP4 out; per program: warps, elements;")
+    print("per thread: registers, stack bytes; shared memory bytes, barriers; instructions per element")
+    for name, kernel, constexprs, options, pointers in variants():
+        if "BLOCK_N" not in constexprs:
+            continue  # the fold of packed MXFP4: not a quantize kernel
+        compiled = compile_kernel(kernel, constexprs, options, pointers, aligned=True)
+        elements = constexprs.get("BLOCK_M", 32) * constexprs["BLOCK_N"]  # the column-wise kernel: 32 rows
         total, ops = per_element(compiled, elements)
-        top = ", ".join(f"{op} {n * 32 * compiled.metadata.num_warps / elements:.1f}" for op, n in ops.most_common(6))
-        print(f"{name:<32} {total:5.1f}   {top}")
+        usage = resource_usage(compiled)
+        barriers = ops["BAR"]
+        warps = compiled.metadata.num_warps
+        top = ", ".join(f"{op} {n * 32 * warps / elements:.1f}" for op, n in ops.most_common(5))
+        print(
+            f"{name:<58} w{warps} {elements:5d} | reg {usage['REG']:3d} stack {usage['STACK']:3d} "
+            f"smem {compiled.metadata.shared:5d} bar {barriers} | {total:5.1f}  {top}"
+        )
 
 
 if __name__ == "__main__":

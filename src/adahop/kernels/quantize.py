@@ -133,9 +133,10 @@ def _launch_plan(
         constexprs.update(BLOCK_M=tiling.block_m, BLOCK_N=tiling.block_n, HADAMARD=hb)
     elif kernel is _quantize_cols_kernel:
         grid = (cdiv(M, 32), cdiv(N, tiling.block_n))
-        sizes = dict(M=M, N=N, stride_m=strides[0], m_padded=m_padded)
+        sizes = dict(M=M, N=N, m_padded=m_padded)
         outputs = (None, ("data_ptr", "scale_ptr"))
-        constexprs.update(BLOCK_N=tiling.block_n, HADAMARD=hb)
+        masked = M % 32 != 0 or N % tiling.block_n != 0
+        constexprs.update(STRIDE_M=strides[0], BLOCK_N=tiling.block_n, MASKED=masked, HADAMARD=hb)
     else:
         kernel = _quantize_mx_kernel
         sizes = dict(M=M, N=N, stride_m=strides[0], stride_n=strides[1], m_padded=m_padded, n_padded=n_padded)

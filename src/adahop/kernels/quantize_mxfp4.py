@@ -110,11 +110,12 @@ def _quantize_cols_kernel(
     score_ptr,
     M,
     N,
-    stride_m,
     m_padded,
     seed_ptr,
     hadamard_scale,
+    STRIDE_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr,
     HADAMARD: tl.constexpr,
     INPUT_BF16: tl.constexpr,
     ROUND_TO: tl.constexpr,
@@ -132,24 +133,31 @@ def _quantize_cols_kernel(
     """Column-wise MXFP4 (blocks of 32 down a column, optional 32-point Hadamard): the wgrad
     operands and dgrad's Wᵀ.
 
-    A program takes one block of 32 rows and ``BLOCK_N`` columns as a [columns, rows] tile.
-    The column index is declared contiguous only in pairs, so each thread loads two columns
-    (one 4-byte load per row for bf16, a warp reading 128 contiguous bytes) and Triton keeps
-    all 32 rows of its columns in the thread: the butterfly, the block maximum and the packing
-    of eight codes per word need no shuffles, unlike the general kernel's transposed tile.
+    A program takes one block of 32 rows and ``BLOCK_N`` columns as a [columns, rows] tile, one
+    column per thread (``BLOCK_N`` = 32 x warps): a warp reads 64 contiguous bytes of a bf16 row,
+    and each thread keeps its column's 32 values, so the butterfly, the block maximum and the
+    packing of eight codes per word need no shuffles, and its four words leave in one 16-byte
+    store without a pass through shared memory. Holding one column rather than two halves the
+    live registers (the occupancy limit of this kernel). The row stride is a compile-time
+    constant, so a thread's 32 loads share one address plus constant offsets, and ``MASKED`` is
+    False where the tiles cover ``x`` exactly (M a multiple of 32, N of ``BLOCK_N``: every
+    training shape), which drops the bounds checks.
     """
     seed = tl.load(seed_ptr)
     r0 = tl.program_id(0) * 32
-    cols = tl.max_contiguous(tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N), 2)
-    rows = r0 + tl.arange(0, 32)
-    ok = (cols < N)[:, None] & (rows < M)[None, :]  # zero padding of a partial last block
-    x = tl.load(x_ptr + rows.to(tl.int64)[None, :] * stride_m + cols[:, None], mask=ok, other=0)
+    cols = tl.max_contiguous(tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N), 1)  # one per thread
+    rows = tl.arange(0, 32)
+    x_ptrs = x_ptr + r0.to(tl.int64) * STRIDE_M + cols[:, None] + (rows * STRIDE_M)[None, :]
+    if MASKED:  # zero padding of a partial last block
+        x = tl.load(x_ptrs, mask=(cols < N)[:, None] & (r0 + rows < M)[None, :], other=0)
+    else:
+        x = tl.load(x_ptrs)
     v = to_float32(x, INPUT_BF16)  # [BLOCK_N, 32]
     if SCORES:  # a column (an output row) spans programs along M
         record_scores(score_ptr, cols, tl.reduce(tl.abs(v), 1, max_keeping_nan), cols < N)
     if HADAMARD > 0:  # M is a multiple of 32: no padding inside a block
         if HAS_SIGNS:
-            v = v * tl.load(signs_ptr + tl.arange(0, 32))[None, :]
+            v = v * tl.load(signs_ptr + rows)[None, :]
         v = walsh_hadamard_butterfly(v, 5) * hadamard_scale
         v = round_to_input_dtype(v, ROUND_TO, NATIVE_CASTS)  # hadamard_transform returns it
 
@@ -166,6 +174,10 @@ def _quantize_cols_kernel(
     else:
         codes = encode_e2m1_nearest(scaled, limit, sign_weight)
     packed = tl.sum(tl.reshape(codes, [BLOCK_N, 4, 8]) << (tl.arange(0, 8) * 4)[None, None, :], axis=2)
-    col_ok = (cols < N)[:, None]
-    tl.store(data_ptr + words, packed, mask=col_ok)
-    tl.store(scale_ptr + cols.to(tl.int64) * (m_padded // 32) + r0 // 32, scale_codes, mask=cols < N)
+    scale_offs = cols.to(tl.int64) * (m_padded // 32) + r0 // 32
+    if MASKED:
+        tl.store(data_ptr + words, packed, mask=(cols < N)[:, None])
+        tl.store(scale_ptr + scale_offs, scale_codes, mask=cols < N)
+    else:
+        tl.store(data_ptr + words, packed)
+        tl.store(scale_ptr + scale_offs, scale_codes)

@@ -39,15 +39,18 @@ class QuantizeTiling:
 INTERPRETER_TILING = QuantizeTiling(block_m=128, block_n=256, num_warps=1)
 # Per orientation and Hadamard, the tiling with the least round-to-nearest plus stochastic time in
 # the H200 sweep benchmarks/quantize/2026-12-03-h200-quantize-sweep.json (the top few of each case
-# are within 1-3%, the run-to-run noise).
+# are within 1-3%, the run-to-run noise); the column-wise tile was set after the sweep, from the
+# compiled kernel (benchmarks/quantize/2026-12-05-sm90-colwise-compile.md), and is not timed yet.
 # Row-wise MXFP4 (block 32) with a Hadamard or stochastic rounding and column-wise MXFP4 run their
 # own kernels, which keep whole blocks in a thread; the column-wise one reads ``block_n`` columns
-# of one block of 32 rows.
+# of one block of 32 rows, one column per thread (so ``block_n`` is 32 per warp). Two warps: at
+# its 48 registers (RN) an SM holds 21 such programs, 42 warps; one-warp programs would stop at
+# the 32 programs an SM can hold.
 CUDA_TILINGS = {
     ("rowwise", False): QuantizeTiling(block_m=16, block_n=128, num_warps=1),
     ("rowwise", True): QuantizeTiling(block_m=8, block_n=256, num_warps=2),
-    ("colwise", False): QuantizeTiling(block_m=32, block_n=128, num_warps=2),
-    ("colwise", True): QuantizeTiling(block_m=32, block_n=128, num_warps=2),
+    ("colwise", False): QuantizeTiling(block_m=32, block_n=64, num_warps=2),
+    ("colwise", True): QuantizeTiling(block_m=32, block_n=64, num_warps=2),
     ("both", False): QuantizeTiling(block_m=16, block_n=128, num_warps=1),
     ("both", True): QuantizeTiling(block_m=32, block_n=128, num_warps=4),
 }
