@@ -41,7 +41,7 @@ RECIPES = {
 }
 # Cases that also run differently (named after how): CPU bf16 autocast (W quantized from its bf16 cast); layer 0
 # under activation checkpointing (backward's re-gather serves the recomputed forward); pattern hooks
-# on step 2 (they read W, so it is gathered whole; one FSDP unit, so W is whole when they run);
+# on step 2 (they read W, so it is gathered whole; they run after FSDP2 resharded the layer and gather its rows);
 # ragged shapes (48 and 16 rows per rank: not whole MX blocks along out); built on the meta device,
 # sharded, then materialized and initialized (torchtitan's order); two micro-batches a step, the
 # first without gradient sync (calibration sums both into one vote; the freeze waits for the optimizer step).
@@ -78,9 +78,8 @@ def train(rank: int, name: str, low_precision: bool, checkpoint: str) -> dict:
     layers = adahop_layers(model)
     if option == "checkpointed":
         model[0] = checkpoint_wrapper(model[0])
-    if option != "telemetry":  # a layer's hooks read W inside its FSDP unit, as the trainer's blocks have it
-        for layer in (model[0], model[2]):
-            fully_shard(layer)
+    for layer in (model[0], model[2]):  # telemetry's hooks then read W outside its unit, as this rank's rows
+        fully_shard(layer)
     fully_shard(model)
     if option == "meta":
         model.to_empty(device="cpu")

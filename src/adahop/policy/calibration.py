@@ -14,6 +14,11 @@ How a step is observed, so that it works inside the stacks users run:
   twice; a reentrant checkpoint's first forward builds no graph at all), so nothing is counted
   twice and the forward and its recompute run the same code. No host sync, no Python state
   changes: a calibrating layer compiles with ``torch.compile(fullgraph=True)``.
+- **W whole.** A layer's own calibration sees W as its forward does, whole. A recorder's forward
+  hook on a module that is an FSDP2 unit itself (``fully_shard`` per linear) runs after FSDP2
+  has resharded it, so it gets W as a DTensor of this rank's rows: its backward gathers W whole
+  (``full_tensor``; every rank gathers the same layers in the same order, on the rare steps
+  recorders observe), so every rank votes the whole W's pattern, as one process does.
 - **Decided at the step boundary.** Right before ``optimizer.step()`` (a global optimizer
   pre-hook, for the layers whose weights that optimizer updates), or at an explicit
   :func:`end_calibration_step`, the step's statistics are summed over the micro-batches and over
@@ -36,6 +41,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from ..atomic import atomic_file
@@ -149,6 +155,8 @@ class _VoteInBackward(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         x, weight = ctx.saved_tensors
+        if isinstance(weight, DTensor):  # this rank's rows (a recorder outside W's FSDP2 unit): W is the whole weight
+            weight = weight.full_tensor()
         x_sums, x_maxes, w_sums, w_maxes, g_sums, g_maxes = ctx.buffers
         _accumulate(x_sums, x_maxes, x)
         w_sums.zero_()
