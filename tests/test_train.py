@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from adahop.models import MODEL_PRESETS
 from adahop.policy import ModelPlan
 from adahop.policy.strategies import get_table
 from adahop.recipes import RECIPES
@@ -129,6 +130,7 @@ def test_h200_configs_train_in_the_fastest_mode_with_64k_token_steps(preset):
     assert (cfg.model.preset, cfg.training.device, cfg.recipe.name) == (preset, "cuda", "adahop_lv2")
     assert cfg.training.compile and cfg.training.cuda_graph  # what the step bench measured fastest
     assert cfg.data.batch_size * cfg.data.seq_len * cfg.training.grad_accum == 65536
+    assert cfg.data.vocab_size == MODEL_PRESETS[preset].vocab_size == 128256  # Llama 3's, as the step bench runs it
 
 
 def test_bad_config_file_is_named(tmp_path):
