@@ -96,7 +96,10 @@ def test_roofline_counts_a_shared_input_once_where_compiled_blocks_merge_its_cal
     # X quantized once for wq and wk (equal calls), once for wv (it records scores); Xᵀ once for all three
     assert eager[roofline.QUANTIZE_FOLD].calls - compiled[roofline.QUANTIZE_FOLD].calls == 1
     assert eager[roofline.QUANTIZE_COLS].calls - compiled[roofline.QUANTIZE_COLS].calls == 2
-    assert eager[roofline.FOLD].calls == compiled[roofline.FOLD].calls  # each consumer folds its own operand
+    # Xᵀ folded once for all three where it is quantized once; before, inside each wgrad GEMM
+    assert eager[roofline.FOLD].calls - compiled[roofline.FOLD].calls == 2
+    unshared = roofline.preparation_passes(layers, T, merged=True, shared_folds=False)
+    assert unshared[roofline.FOLD].calls == eager[roofline.FOLD].calls
     assert eager[roofline.SELECT].calls == compiled[roofline.SELECT].calls == 1  # wv's X: its own scores
     shared = [replace(layer, forward="oe_left") for layer in layers]
     assert roofline.preparation_passes(shared, T, merged=False)[roofline.SELECT].calls == 3

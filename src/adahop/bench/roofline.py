@@ -16,8 +16,9 @@ Hopper route (``policy.routes``: fold_fp8), with the bytes each pass reads and w
 | OE-left / OE-right   | + selection of the top rows from the scores | rows           |
 
 Compiled blocks merge equal calls (``ops``: layers sharing an input, ``wq``/``wk``/``wv`` and
-``w1``/``w3``, quantize it once when their strategies agree); folds are never merged (each
-consumer folds inside its GEMM). Time per family comes from the profiled step's kernels, and the
+``w1``/``w3``, quantize it once when their strategies agree), and with them the folds of that one
+Xᵀ (``ops.fold_fp8`` is its own graph node; ``shared_folds``: runs recorded before 2026-12-05 folded
+inside each wgrad GEMM, once per consumer). Time per family comes from the profiled step's kernels, and the
 calls the model predicts sit beside the calls the profiler counted, so a model that no longer
 matches the code shows. Not modelled: the casts that feed the quantizers (the FP32 master weight
 to BF16 is autocast's, as in BF16) and the gather of extracted outlier rows (k rows per operand), and the separate Hadamard pass of an FP8
@@ -106,11 +107,17 @@ def _fold_bytes(rows: int, k: int) -> int:
 
 
 def preparation_passes(
-    layers: list[Layer], tokens: int, *, micro_steps: int = 1, merged: bool = True, oe_k: int = 64
+    layers: list[Layer],
+    tokens: int,
+    *,
+    micro_steps: int = 1,
+    merged: bool = True,
+    shared_folds: bool = True,
+    oe_k: int = 64,
 ) -> dict[str, FamilyBytes]:
     """Calls and bytes per family of one optimizer step of ``micro_steps`` micro-batches of
     ``tokens`` tokens; ``merged``: equal quantize calls of layers sharing an input counted once
-    (compiled blocks)."""
+    (compiled blocks), and, with ``shared_folds``, the folds of the Xᵀ they share."""
     out: dict[str, FamilyBytes] = defaultdict(FamilyBytes)
     seen: set[tuple] = set()
 
@@ -153,7 +160,7 @@ def preparation_passes(
             add(QUANTIZE_COLS, _quantize_bytes(n_in, T, folded=False, scores=xt_scores), key)
             add(QUANTIZE_COLS, _quantize_bytes(n_out, T, folded=False, scores=dyt_scores))
             add(FOLD, _fold_bytes(n_out, T))
-            add(FOLD, _fold_bytes(n_in, T))
+            add(FOLD, _fold_bytes(n_in, T), ("fold", *key) if shared_folds else None)
             if xt_scores:
                 select(n_in, key)
             if dyt_scores:
@@ -202,7 +209,11 @@ def roofline(result: dict, copy_gb_per_s: float) -> dict | None:
     if not layers or "tokens_per_micro_step" not in result:
         return None
     passes = preparation_passes(
-        layers, result["tokens_per_micro_step"], micro_steps=result.get("accum", 1), merged=result.get("merged", True)
+        layers,
+        result["tokens_per_micro_step"],
+        micro_steps=result.get("accum", 1),
+        merged=result.get("merged", True),
+        shared_folds=result.get("shared_folds", False),  # absent: a run recorded before folds were shared
     )
     if not passes:  # every GEMM in BF16
         return None

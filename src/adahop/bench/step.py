@@ -311,6 +311,7 @@ def measure(recipe: str, case: Case, mode: str, settings: Settings = Settings())
             "tokens_per_micro_step": case.batch * case.seq_len,
             "accum": case.accum,
             "merged": "compile" in mode,  # compiled blocks merge equal quantize calls
+            "shared_folds": True,  # and the folds of a shared Xᵀ with them (ops.fold_fp8, a node of its own)
             "profile": _profile(trainer.train_step, device),
         }
     return result
