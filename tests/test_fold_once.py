@@ -13,13 +13,12 @@ import pytest
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.checkpoint import checkpoint
 from torch.utils.weak import WeakIdKeyDictionary
 
 from adahop import ops
 from adahop.formats import MXTensor, quantize_mx
 from adahop.kernels.fold import fold_to_fp8_reference
-from adahop.nn import AdaHOPLinear, weight_operands_cached
+from adahop.nn import AdaHOPLinear
 from adahop.policy.routes import GemmRoute
 from adahop.policy.strategies import LayerPlan
 
@@ -33,10 +32,10 @@ class FoldCount(TorchDispatchMode):
 
     def __init__(self) -> None:
         super().__init__()
-        self.folds = 0
+        self.count = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.folds += func.name() == "adahop::fold_fp8"
+        self.count += func.name() == "adahop::fold_fp8"
         return func(*args, **(kwargs or {}))
 
 
@@ -74,7 +73,7 @@ def test_an_operand_is_folded_once_while_its_codes_live():
     with FoldCount() as count:
         first = ops.fold_fp8(mx)
         again = ops.fold_fp8(MXTensor(mx.data, mx.scales, mx.fmt, mx.axis, mx.block_size, mx.shape))
-    assert count.folds == 1 and again is first
+    assert count.count == 1 and again is first
     assert same_fold(first, fold_to_fp8_reference(mx)) and first.n_lossy > 0
 
     # Codes written in place, or paired with other scales: folded again, as the reference folds them.
@@ -84,7 +83,7 @@ def test_an_operand_is_folded_once_while_its_codes_live():
     with FoldCount() as count:
         written = ops.fold_fp8(mx)
         other = ops.fold_fp8(rescaled)
-    assert count.folds == 2
+    assert count.count == 2
     assert same_fold(written, fold_to_fp8_reference(mx)) and not same_fold(written, first)
     assert same_fold(other, fold_to_fp8_reference(rescaled))
 
@@ -96,7 +95,7 @@ def test_an_operand_is_folded_once_while_its_codes_live():
         with FoldCount() as inference:
             ops.fold_fp8(frozen)
             ops.fold_fp8(frozen)
-    assert count.folds == 1 and inference.folds == 2
+    assert count.count == 1 and inference.count == 2
 
     # Weakly kept: the entry goes with the codes.
     kept = len(ops._folds)
@@ -105,47 +104,19 @@ def test_an_operand_is_folded_once_while_its_codes_live():
     assert len(ops._folds) == kept - 1
 
 
-class Stack(nn.Module):
-    def __init__(self, recompute: bool) -> None:
-        super().__init__()
-        self.first = AdaHOPLinear(IN, OUT, bias=False, recipe="mxfp4_hadamard")
-        self.second = AdaHOPLinear(OUT, OUT, bias=False, recipe="mxfp4_hadamard")
-        self.recompute = recompute
-
-    def forward(self, x):
-        if self.recompute:  # activation checkpointing: backward runs the forward again
-            return checkpoint(lambda t: self.second(torch.relu(self.first(t))), x, use_reentrant=False)
-        return self.second(torch.relu(self.first(x)))
-
-
-def train(model: Stack, memo: bool, monkeypatch, steps: int = 2, accum: int = 3):
-    """Losses and the folds of each optimizer step, W's operands kept over its micro-batches."""
-    monkeypatch.setattr(ops, "_folds", WeakIdKeyDictionary() if memo else _NoMemo())
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=True)
-    data = torch.Generator().manual_seed(1)
-    torch.manual_seed(2)  # the stochastic-rounding keys each forward draws
-    losses, folds = [], []
-    for _ in range(steps):
-        with FoldCount() as count, weight_operands_cached(model):
-            for _ in range(accum):
-                loss = model(torch.randn(TOKENS, IN, generator=data)).square().mean()
-                (loss / accum).backward()
-                losses.append(loss.detach())
-        folds.append(count.folds)
-        opt.step()
-        opt.zero_grad()
-    return losses, folds
-
-
 @pytest.mark.parametrize("recompute", [False, True])
 def test_weight_operand_kept_over_micro_batches_is_folded_once_per_step(hopper_route, monkeypatch, recompute):
     """Wᵀ (dgrad's R, kept over the step by ``nn.weight_cache``) is folded on the step's first backward
     only; Xᵀ and dYᵀ (wgrad) are new every micro-batch. The same losses and weights bit for bit."""
+    from test_weight_cache import Stack, train
+
     torch.manual_seed(0)
-    each = Stack(recompute)
+    each = Stack("mxfp4_hadamard", recompute)
     once = copy.deepcopy(each)
-    losses_each, folds_each = train(each, memo=False, monkeypatch=monkeypatch)
-    losses_once, folds_once = train(once, memo=True, monkeypatch=monkeypatch)
+    monkeypatch.setattr(ops, "_folds", _NoMemo())
+    losses_each, folds_each = train(each, steps=2, accum=3, cached=True, counter=FoldCount)
+    monkeypatch.setattr(ops, "_folds", WeakIdKeyDictionary())
+    losses_once, folds_once = train(once, steps=2, accum=3, cached=True, counter=FoldCount)
     assert all(torch.equal(a, b) for a, b in zip(losses_each, losses_once, strict=True))
     for a, b in zip(each.parameters(), once.parameters(), strict=True):
         assert torch.equal(a, b)
@@ -195,7 +166,7 @@ def test_compiled_block_folds_a_shared_input_once(hopper_route):
     forward, backward = graphs
     folds = collections.Counter(str(n.target) for n in backward.graph.nodes if "fold_fp8" in str(n.target))
     assert folds["adahop.fold_fp8.default"] == 3 + 3 + 1
-    assert eager.folds == 3 * 3  # eager: Xᵀ quantized, and folded, per layer
+    assert eager.count == 3 * 3  # eager: Xᵀ quantized, and folded, per layer
 
 
 def test_eager_fold_memo_is_not_traced():

@@ -45,20 +45,23 @@ class WeightQuantizeCount(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def train(model, steps: int, accum: int, cached: bool) -> tuple[list[torch.Tensor], list[int]]:
-    """Losses of every micro-batch and the weight quantize ops of each optimizer step."""
+def train(
+    model, steps: int, accum: int, cached: bool, counter: type[TorchDispatchMode] = WeightQuantizeCount
+) -> tuple[list[torch.Tensor], list[int]]:
+    """Losses of every micro-batch and the ops ``counter`` counts (the weight quantize ops) in each
+    optimizer step."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=True)
     data = torch.Generator().manual_seed(1)
     torch.manual_seed(2)  # the stochastic-rounding keys each forward draws
     losses, counts = [], []
     for _ in range(steps):
-        with WeightQuantizeCount() as counter, weight_operands_cached(model) if cached else contextlib.nullcontext():
+        with counter() as count, weight_operands_cached(model) if cached else contextlib.nullcontext():
             for _ in range(accum):
                 x = torch.randn(TOKENS, IN, generator=data)
                 loss = model(x).square().mean()
                 (loss / accum).backward()
                 losses.append(loss.detach())
-        counts.append(counter.count)
+        counts.append(count.count)
         opt.step()
         opt.zero_grad()
     return losses, counts
