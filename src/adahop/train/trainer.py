@@ -278,12 +278,12 @@ class Trainer:
     def _resume_from(self, path: Path, state: dict) -> None:
         osci = self.osci_reset
         if path.is_dir():
-            restore_rng(load_sharded(path, state, self.model, self.optimizer, self.data.train, osci), state)
+            restore_rng(load_sharded(path, state, self.model, self.optimizer, self.data.train, osci_reset=osci), state)
         elif self.env.distributed:  # written by one process
-            load_full(path, state, self.model, self.optimizer, self.data.train, osci)
+            load_full(path, state, self.model, self.optimizer, self.data.train, osci_reset=osci)
             restore_rng(state, {**state, "world_size": 1})
         else:
-            restore_state(path, state, self.model, self.optimizer, None, self.data.train, osci)
+            restore_state(path, state, self.model, self.optimizer, None, self.data.train, osci_reset=osci)
             set_rng_state(state["rng"])
         apply_hyperparameters(self.optimizer, self.cfg.optim)
         self.step = state["step"]
@@ -312,7 +312,7 @@ class Trainer:
                 self.data.train,
                 self.cfg.to_dict(),
                 self.data_fingerprint,
-                self.osci_reset,
+                osci_reset=self.osci_reset,
             )
             path = save_checkpoint(checkpoint_path(self.run_dir, self.step), state)
         if self.env.is_main:
