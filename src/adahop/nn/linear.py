@@ -47,7 +47,7 @@ from ..recipes import DEFAULT_RECIPE, Recipe, get_recipe
 from ..transforms import random_signs
 from .gathered import gathered_operands
 from .state import decode_state, encode_state, new_state
-from .weight_cache import OperandCache, caching, operand_cache
+from .weight_cache import OFF, KeptOperands, OperandCache, caching, operand_cache
 
 SEED_BOUND = 1 << 62
 
@@ -92,50 +92,60 @@ def _weight_operand(cfg: GemmConfig, slot: str, key: tuple, make: Callable[[], A
     return cfg.weight_cache.get(slot, cfg.weight_param, key, make)
 
 
+def _weight_operands(weight: torch.Tensor, cfg: GemmConfig, obtain: Callable[..., Any]) -> dict[str, Any]:
+    """W's operands for the forward and dgrad GEMMs by slot, each from ``obtain(slot, key, make)``
+    (which may keep it over the optimizer step's micro-batches): ``"tiles"`` (both from one 2-D tile
+    quantization), else ``"forward"`` (R; none for a BF16 forward) and ``"dgrad"`` (Wᵀ; none when
+    rounded with a key drawn per forward, ``recipe.backward_rounding = "stochastic"``: the
+    autograd function makes that one, on every forward)."""
+    plan = cfg.plan
+    if cfg.weight_tiles:
+        make = functools.partial(prepare_weight_tiles, weight, plan.forward, plan.dgrad, cfg.act)
+        return {"tiles": obtain("tiles", (plan.forward, plan.dgrad, weight.dtype), make)}
+    operands = {}
+    if plan.forward is not Strategy.BF16:
+        # Used at once: folded straight from the quantizer on the fold_fp8 route.
+        fold = ops.folds_into_fp8(weight.device, weight.shape[0]) and not cfg.forward_reference
+        make = functools.partial(prepare_operand, weight, plan.forward, "R", cfg.act, oe_k=cfg.oe_k, fold=fold)
+        operands["forward"] = obtain("forward", (plan.forward, weight.dtype, fold), make)
+    if not isinstance(cfg.wt_seed, torch.Tensor):
+        make = functools.partial(prepare_operand, weight.t(), plan.dgrad, "R", cfg.saved, oe_k=cfg.oe_k)
+        operands["dgrad"] = obtain("dgrad", (plan.dgrad, weight.dtype), make)
+    return operands
+
+
 class _AdaHOPLinearFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, cfg: GemmConfig) -> torch.Tensor:
+    def forward(
+        ctx, x: torch.Tensor, weight: torch.Tensor, cfg: GemmConfig, w_operands: dict[str, Any] | None = None
+    ) -> torch.Tensor:
         plan = cfg.plan
-        # W's two operands: gathered already quantized by FSDP2 (``nn.fsdp``), or one 2-D tile quantization,
-        # or one each; kept over an optimizer step's micro-batches where ``cfg.weight_cache`` is set.
+        # W's operands: gathered already quantized by FSDP2 (``nn.fsdp``), or made before this function
+        # (``w_operands``: a compiled or captured forward keeps them there), or made here, kept over an
+        # optimizer step's micro-batches where ``cfg.weight_cache`` is set.
         w_tiles = gathered_operands(weight, plan)
-        if w_tiles is None and cfg.weight_tiles:
-            w_tiles = _weight_operand(
-                cfg,
-                "tiles",
-                (plan.forward, plan.dgrad, weight.dtype),
-                lambda: prepare_weight_tiles(weight, plan.forward, plan.dgrad, cfg.act),
-            )
+        if w_tiles is None:
+            if w_operands is None:
+                w_operands = _weight_operands(weight, cfg, functools.partial(_weight_operand, cfg))
+            w_tiles = w_operands.get("tiles")
         if plan.forward is Strategy.BF16:
             y = F.linear(x, weight)
         else:
             # Both operands are used at once: folded straight from the quantizer on the fold_fp8 route.
             fold = ops.folds_into_fp8(x.device, weight.shape[0]) and not cfg.forward_reference
             l = prepare_operand(x, plan.forward, "L", cfg.act, oe_k=cfg.oe_k, fold=fold)
-            r = (
-                w_tiles[0]
-                if w_tiles
-                else _weight_operand(
-                    cfg,
-                    "forward",
-                    (plan.forward, weight.dtype, fold),
-                    lambda: prepare_operand(weight, plan.forward, "R", cfg.act, oe_k=cfg.oe_k, fold=fold),
-                )
-            )
+            r = w_tiles[0] if w_tiles else w_operands["forward"]
             y = tn_matmul(l, r, x.dtype, reference=cfg.forward_reference)
 
         # Backward operands, prepared now from the high-precision tensors (quantize and
-        # transpose do not commute): Xᵀ is wgrad's R, Wᵀ is dgrad's R (not kept when its seed is
-        # drawn per forward: recipe.backward_rounding = "stochastic").
+        # transpose do not commute): Xᵀ is wgrad's R, Wᵀ dgrad's R.
         wgrad_r = prepare_operand(x.t(), plan.wgrad, "R", cfg.saved, oe_k=cfg.oe_k, seed=cfg.xt_seed)
         if w_tiles:
             dgrad_r = w_tiles[1]
-        else:
-            make_wt = functools.partial(
-                prepare_operand, weight.t(), plan.dgrad, "R", cfg.saved, oe_k=cfg.oe_k, seed=cfg.wt_seed
-            )
-            drawn = isinstance(cfg.wt_seed, torch.Tensor)
-            dgrad_r = make_wt() if drawn else _weight_operand(cfg, "dgrad", (plan.dgrad, weight.dtype), make_wt)
+        elif "dgrad" in w_operands:
+            dgrad_r = w_operands["dgrad"]
+        else:  # rounded with this forward's own key
+            dgrad_r = prepare_operand(weight.t(), plan.dgrad, "R", cfg.saved, oe_k=cfg.oe_k, seed=cfg.wt_seed)
         (w_parts, w_meta), (d_parts, d_meta) = wgrad_r.pack(), dgrad_r.pack()
         ctx.save_for_backward(*w_parts, *d_parts)
         ctx.split, ctx.metas, ctx.cfg = len(w_parts), (w_meta, d_meta), cfg
@@ -159,7 +169,7 @@ class _AdaHOPLinearFn(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             l = prepare_operand(grad_out.t(), plan.wgrad, "L", cfg.grad, oe_k=cfg.oe_k, seed=cfg.wgrad_seed)
             grad_w = tn_matmul(l, wgrad_r, w_dtype, fast_accum=cfg.grad_fast_accum)
-        return grad_x, grad_w, None
+        return grad_x, grad_w, None, None
 
 
 class AdaHOPLinear(nn.Linear):
@@ -192,6 +202,8 @@ class AdaHOPLinear(nn.Linear):
         # Late switch of the forward to BF16 (recipe.bf16_forward_after; the trainer sets it from the
         # step, so it is not saved): the plan runs with its forward GEMM in BF16 while this is on.
         self.bf16_forward = False
+        # W's operands kept over micro-batches where the forward is compiled or captured (weight_cache).
+        self._kept_operands = KeptOperands()
         self._extra_state = new_state()
         # Random-sign Hadamard variant: one seeded vector for every layer and replica; a
         # non-persistent buffer so it follows .to(device) and leaves the state_dict keys alone.
@@ -400,8 +412,12 @@ class AdaHOPLinear(nn.Linear):
         n = self._seed_count
         seeds = draw_rounding_seeds(x.device, count=n) if needs_grad else torch.zeros(n, dtype=torch.int64)
         cfg = self._gemm_config(seeds, plan)
+        kept, w_operands = self._kept_operands, None
         with torch.autocast(x.device.type, enabled=False):
-            y = _AdaHOPLinearFn.apply(x.reshape(-1, self.in_features), weight, cfg)
+            if kept.mode != OFF and cfg.weight_cache is None:  # compiled or captured: kept here, not inside
+                with torch.no_grad():
+                    w_operands = _weight_operands(weight.detach(), cfg, kept.operand)
+            y = _AdaHOPLinearFn.apply(x.reshape(-1, self.in_features), weight, cfg, w_operands)
         y = y.reshape(*x.shape[:-1], self.out_features)
         return y if bias is None else y + bias
 

@@ -10,9 +10,20 @@ tensor with the same seed.
 "Unchanged" is W's version counter and storage: the optimizer's in-place update, ``load_state_dict``
 (an in-place copy) and any other in-place write bump the version; a new tensor has another
 storage (the entry holds the old one, so its address cannot be reused). Operands that take noise
-drawn per forward (``recipe.backward_rounding = "stochastic"``: Wᵀ) are never kept. The cache is
-off while ``torch.compile`` traces and while a CUDA graph is captured (the graph would replay
-a hit forever); the cached operands are freed when the block ends.
+drawn per forward (``recipe.backward_rounding = "stochastic"``: Wᵀ) are never kept. The cached
+operands are freed when the block ends.
+
+Where a layer's forward Python does not run on every micro-batch (``torch.compile``'d blocks, and
+CUDA graphs, which replay what was captured), the check cannot be made per forward. There the
+model's forward decides, before each micro-batch, per layer (:class:`KeptOperands`): ``MAKE``
+(quantize W and keep what was made) or ``REUSE`` (read what the layer's last ``MAKE`` kept, which
+was made from W as it is now: same storage and version). A compiled block is traced once per mode
+(its guards read it), so the two variants are two graphs and the step's later micro-batches run
+the one without W's quantize ops. Under CUDA graphs (``train.graphs``) the graph that starts an
+optimizer step is always captured with ``MAKE`` and the accumulating one with ``REUSE`` of exactly
+what that capture made (:class:`GraphOperands`): those tensors live in the graphs' shared memory
+pool, the first graph rewrites them on every replay, and the accumulating graph replays only after
+the first one ran on the current W.
 """
 
 from __future__ import annotations
@@ -37,11 +48,17 @@ class _Entry:
     value: Any
 
 
+def capturing() -> bool:
+    """Whether a CUDA graph is being captured on the current stream."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 def caching() -> bool:
-    """Whether a layer may reuse W's operands now: inside the block, not traced, not captured."""
+    """Whether a layer checks its kept W operands on each forward: inside the block, run eagerly
+    (not traced, not captured; those decide per micro-batch: :class:`KeptOperands`)."""
     if not _active or torch.compiler.is_compiling():
         return False
-    return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+    return not capturing()
 
 
 class OperandCache:
@@ -83,21 +100,140 @@ def operand_cache(module: nn.Module) -> OperandCache:
     return cache
 
 
+OFF, MAKE, REUSE = "off", "make", "reuse"
+
+
+class KeptOperands:
+    """One layer's W operands for a compiled or captured forward, by ``mode``: ``OFF`` (quantize,
+    keep nothing), ``MAKE`` (quantize and keep) or ``REUSE`` (read what ``MAKE`` kept). Set before
+    each micro-batch (:func:`weight_operands_cached`, :class:`GraphOperands`), never by the forward."""
+
+    def __init__(self) -> None:
+        self.mode = OFF
+        self.entries: dict[str, tuple[Any, Any]] = {}  # slot -> (key, operand), filled by a MAKE forward
+        self.source: tuple[torch.Tensor, int] | None = None  # W (an alias) and its version at that MAKE
+
+    def operand(self, slot: str, key: Any, make: Callable[[], Any]) -> Any:
+        """What ``MAKE`` kept for ``slot`` and ``key`` under ``REUSE``, else ``make()`` (kept under ``MAKE``)."""
+        if self.mode == REUSE:
+            entry = self.entries.get(slot)
+            if entry is not None and entry[0] == key:
+                return entry[1]
+        value = make()
+        if self.mode == MAKE:
+            self.entries[slot] = (key, value)
+        return value
+
+    def made_from(self, weight: torch.Tensor) -> bool:
+        """Whether the kept operands were made from ``weight`` as it is now."""
+        if not self.entries or self.source is None:
+            return False
+        source, version = self.source
+        return source.data_ptr() == weight.data_ptr() and version == weight._version
+
+    def start(self, weight: torch.Tensor) -> None:
+        """Before a micro-batch: ``REUSE`` what was made from W as it is now, else ``MAKE`` afresh."""
+        if self.made_from(weight):
+            self.mode = REUSE
+        else:
+            self.mode = MAKE
+            self.entries.clear()
+            self.source = (weight.detach(), weight._version)
+
+    def reset(self) -> None:
+        self.mode, self.source = OFF, None
+        self.entries.clear()
+
+
+def kept_layers(model: nn.Module) -> list[tuple[nn.Module, KeptOperands]]:
+    """``model``'s layers that keep W operands (``AdaHOPLinear``), with their :class:`KeptOperands`;
+    not those FSDP2 shards (their unsharded weight is refilled at each gather: they quantize it)."""
+    return [
+        (m, m._kept_operands)
+        for m in model.modules()
+        if isinstance(getattr(m, "_kept_operands", None), KeptOperands) and not isinstance(m.weight, DTensor)
+    ]
+
+
 @contextlib.contextmanager
 def weight_operands_cached(model: nn.Module) -> Iterator[None]:
     """Within the block (one optimizer step's micro-batches), each ``AdaHOPLinear`` of ``model``
-    quantizes W once while W is unchanged; the kept operands are freed at the end."""
+    quantizes W once while W is unchanged; the kept operands are freed at the end. Compiled or
+    captured layers decide at each call of ``model`` (so W must change only between those calls)."""
     global _active
     for module in model.modules():
         weight = getattr(module, "weight", None)
         if isinstance(weight, torch.Tensor):
             operand_cache(module).layer_weight = not isinstance(weight, DTensor)
+    layers = kept_layers(model)
+
+    def before_forward(_module: nn.Module, _args: Any) -> None:
+        if capturing():  # GraphOperands set the modes for the capture
+            return
+        for layer, kept in layers:
+            kept.start(layer.weight)
+
+    hook = model.register_forward_pre_hook(before_forward)
     _active += 1
     try:
         yield
     finally:
         _active -= 1
+        hook.remove()
+        for _, kept in layers:
+            kept.reset()
         for module in model.modules():
             cache = module.__dict__.get("_operand_cache")
             if cache is not None:
                 cache.clear()
+
+
+class GraphOperands:
+    """W's operands over a :class:`~adahop.train.graphs.GraphedMicroStep`'s two graphs.
+
+    Inside :func:`weight_operands_cached`, the graph that starts an optimizer step is captured with
+    every layer on ``MAKE``; what that capture kept lives in the graphs' shared pool and is held
+    here for the graphs' lifetime. The accumulating graph is captured with ``REUSE`` of exactly
+    those tensors, if W is unchanged since (else with ``MAKE`` of its own, never trusted later): it
+    then reads W's operands where the first graph writes them on every replay. So it may replay only
+    after the first graph ran on W as it is now (:meth:`may_replay`); else the micro-step runs eagerly.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self.layers = kept_layers(model)
+        self.kept: list[dict[str, tuple[Any, Any]]] | None = None  # the first capture's operands
+        self.reuses = False  # the accumulating graph reads them
+        self.made_at: list[int] | None = None  # W's versions when the first graph last ran
+
+    def _versions(self) -> list[int]:
+        return [layer.weight._version for layer, _ in self.layers]
+
+    def before_capture(self, first: bool) -> None:
+        if not _active:  # outside weight_operands_cached: the layers quantize W in both graphs
+            return
+        unchanged = self.kept is not None and self.made_at == self._versions()
+        for i, (_, kept) in enumerate(self.layers):
+            kept.reset()
+            if not first and unchanged:
+                kept.mode = REUSE
+                kept.entries.update(self.kept[i])
+            else:
+                kept.mode = MAKE  # an accumulating graph's own are never REUSEd (no source)
+        self.reuses = not first and unchanged
+
+    def after_capture(self, first: bool) -> None:
+        if first and _active:
+            self.kept = [dict(kept.entries) for _, kept in self.layers]
+            self.made_at = self._versions()
+        for _, kept in self.layers:  # held above; the next forward's hook decides afresh
+            kept.reset()
+
+    def ran(self, first: bool, replayed: bool) -> None:
+        """After a micro-step: the first graph's replay rewrote the kept operands from W as it is now."""
+        if first:
+            self.made_at = self._versions() if replayed and self.kept is not None else None
+
+    def may_replay(self, first: bool) -> bool:
+        """Whether the graph may replay now: the accumulating one, if it reads the first one's
+        operands, only after the first graph ran on W as it is now."""
+        return first or not self.reuses or (self.made_at is not None and self.made_at == self._versions())

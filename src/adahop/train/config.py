@@ -84,8 +84,9 @@ class TrainingConfig:
     steps: int = 120
     grad_accum: int = 1  # micro-batches per optimizer step
     # With grad_accum > 1, quantize each weight once per optimizer step and reuse it for the step's
-    # micro-batches (bit-identical; holds W's operands for the step). Eager layers and FSDP2's
-    # low-precision gather; compiled blocks and CUDA graphs still quantize W on every micro-batch.
+    # micro-batches (bit-identical; holds W's operands for the step): eager layers, FSDP2's
+    # low-precision gather, compiled blocks (a second graph per block) and CUDA graphs (the
+    # accumulating graph reads what the first one wrote).
     weight_operands_once_per_step: bool = True
     seed: int = 0  # model initialisation and data order
     # Added to seed for torch's global generator only, which draws the stochastic-rounding keys:

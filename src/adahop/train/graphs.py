@@ -22,6 +22,11 @@ The first call runs eagerly on a side stream (it compiles Triton kernels and any
 next first micro-step captures the overwriting graph, the next later one the accumulating graph
 (capture order matters: the second graph adds into the tensors the first one writes); after
 that, calls only replay.
+
+Inside ``nn.weight_operands_cached`` (the trainer's gradient accumulation) the accumulating graph
+reads W's quantized operands where the first graph writes them, instead of quantizing W again
+(``nn.weight_cache.GraphOperands``); it replays only after the first graph ran on W as it is now,
+else that micro-step runs eagerly.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import torch
 from torch import nn
 
 from ..nn import adahop_layers
+from ..nn.weight_cache import GraphOperands
 
 
 class GraphedMicroStep:
@@ -53,6 +59,7 @@ class GraphedMicroStep:
         self._graphs: dict[bool, torch.cuda.CUDAGraph] = {}  # keyed by ``first``
         self._losses: dict[bool, torch.Tensor] = {}
         self._inputs = self._targets = None
+        self._operands = GraphOperands(model)  # W's operands shared by the two graphs
 
     @property
     def captured(self) -> bool:
@@ -90,8 +97,10 @@ class GraphedMicroStep:
             self._targets.copy_(targets)
         pool = self._graphs[True].pool() if not first else None  # replayed in turn, never at once
         graph = torch.cuda.CUDAGraph()
+        self._operands.before_capture(first)
         with torch.cuda.graph(graph, pool=pool):
             loss = self._forward_backward(self._inputs, self._targets)
+        self._operands.after_capture(first)
         self._graphs[first], self._losses[first] = graph, loss
         # The eager warm-up's blocks stay cached beside the graph's own pool: give them back.
         torch.cuda.empty_cache()
@@ -109,16 +118,21 @@ class GraphedMicroStep:
                 loss = self._eager(inputs, targets, first)
             torch.cuda.current_stream().wait_stream(side)
             self._warm = True
+            self._operands.ran(first, replayed=False)
             return loss
         shape_changed = self._inputs is not None and (
             inputs.shape != self._inputs.shape or targets.shape != self._targets.shape
         )
-        if shape_changed or (not first and True not in self._graphs):
-            return self._eager(inputs, targets, first)  # accumulation captures after the first graph
+        # Accumulation captures after the first graph, and replays only where its W operands are current.
+        if shape_changed or (not first and True not in self._graphs) or not self._operands.may_replay(first):
+            loss = self._eager(inputs, targets, first)
+            self._operands.ran(first, replayed=False)
+            return loss
         if first not in self._graphs:
             self._capture(inputs, targets, first)  # records only: the replay below runs this batch
         else:
             self._inputs.copy_(inputs, non_blocking=True)
             self._targets.copy_(targets, non_blocking=True)
         self._graphs[first].replay()
+        self._operands.ran(first, replayed=True)
         return self._losses[first]

@@ -354,7 +354,9 @@ class Trainer:
         traces) but run its BF16 graph for a few steps only; a frozen plan never changes again."""
         if self._compiled or not self.cfg.training.compile or self.phase == "calibrating":
             return
-        reserve_compiled_graphs(len(self.model.layers))  # blocks with other plans are other graphs
+        # Blocks with other plans are other graphs, and so is each variant of weight_operands_cached
+        # (W quantized and kept, W's kept operands read) beside the evaluation's.
+        reserve_compiled_graphs(3 * len(self.model.layers))
         self.model.compile_blocks(self.cfg.training.compile_backend)
         self._compiled = True
         log.info(
