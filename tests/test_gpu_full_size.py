@@ -162,3 +162,24 @@ def test_gemm_full_size_error_bound(operands, route, fast_accum, out_dtype, boun
         excess = (out.double() - ref).abs() - ref.abs() * 2.0**-8
         worst = (excess / magnitude).max().item()  # accumulation error in units of sum |a b|
         assert worst <= ACCUMULATION[fast_accum], (route, worst)
+
+
+# The fold at a llama3_1b step's shapes, each tile and grid ``fold_plan`` picks on an H200: wgrad operands
+# (K = tokens) of 1024 rows (each split into 2 parts) and 2048 rows (one row a program), and a dgrad Wᵀ of
+# K = 512 (4 rows a program). Every other block of some rows lies 20 binades down: the exact path runs too.
+FOLD_SHAPES = [(1024, TOKENS), (2048, TOKENS), (4096, 512)]
+
+
+@pytest.mark.parametrize("shape", FOLD_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_fold_full_size_bit_exact(shape):
+    from adahop.formats import quantize_mx
+    from adahop.kernels.fold import fold_to_fp8, fold_to_fp8_reference
+
+    x = adversarial(*shape)
+    x.view(shape[0], -1, 32)[3::101, 1::2] *= 2.0**-20
+    mx = quantize_mx(x, axis=1)
+    got, want = fold_to_fp8(mx), fold_to_fp8_reference(mx)
+    mismatch = (got.data.view(torch.uint8) != want.data.view(torch.uint8)).sum().item()
+    assert mismatch == 0, f"{mismatch} of {want.data.numel()} E4M3 bytes differ"
+    assert torch.equal(got.row_scale, want.row_scale)
+    assert torch.equal(got.lossy_per_row, want.lossy_per_row) and want.n_lossy > 0
