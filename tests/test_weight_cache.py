@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Callable
-from typing import Any
 from unittest import mock
 
 import pytest
@@ -80,18 +78,16 @@ def train(
     steps: int,
     accum: int,
     cached: bool,
-    counter: Callable[[], Any] = WeightQuantizeCount,
     input_grad: bool = False,
 ) -> tuple[list[torch.Tensor], list[int]]:
-    """Losses of every micro-batch and the ops ``counter`` counts (the weight quantize ops) in each
-    optimizer step. ``input_grad``: the input needs a gradient, so every Wᵀ is live (compiled code
+    """Losses of every micro-batch and the weight quantize ops of each optimizer step. ``input_grad``: the input needs a gradient, so every Wᵀ is live (compiled code
     drops the first layer's otherwise)."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=True)
     data = torch.Generator().manual_seed(1)
     torch.manual_seed(2)  # the stochastic-rounding keys each forward draws
     losses, counts = [], []
     for _ in range(steps):
-        with counter() as count, weight_operands_cached(model) if cached else contextlib.nullcontext():
+        with WeightQuantizeCount() as count, weight_operands_cached(model) if cached else contextlib.nullcontext():
             for _ in range(accum):
                 x = torch.randn(TOKENS, IN, generator=data).requires_grad_(input_grad)
                 loss = model(x).square().mean()

@@ -24,7 +24,6 @@ import contextlib
 from collections.abc import Iterator
 
 import torch
-from torch.utils.weak import WeakIdKeyDictionary
 
 from .formats import MXTensor, QuantSpec, quantize_mx, quantize_mx_tiles
 from .formats.fast import dequantize_blocked_fast, quantize_mx_fast
@@ -456,8 +455,8 @@ def mx_matmul(a: MXTensor, b: MXTensor, out_dtype: torch.dtype, *, fast_accum: b
         raise ValueError(f"incompatible MX operands: {a} and {b}")
     if route_of(a.data.device, b.shape[0], a.fmt, a.block_size) == GemmRoute.FOLD_FP8:
         # Each operand folded by its own fold_fp8 call, not inside this op: an operand several GEMMs
-        # read (Xᵀ of wq/wk/wv) is then folded once, by the compiled graph's merge of equal calls or,
-        # eagerly, by fold_fp8's memo. The same kernels, so the same bits.
+        # read (Xᵀ of wq/wk/wv) is then folded once by the compiled graph's merge of equal calls.
+        # The same kernels, so the same bits.
         return folded_matmul(a, b, out_dtype, fast_accum=fast_accum)
     args = (a.data, a.scales, b.data, b.scales, a.fmt, a.block_size, out_dtype, fast_accum)
     return _mx_matmul_cuda(*args) if _eager_cuda(a.data) else mx_matmul_op(*args)
@@ -499,33 +498,14 @@ def _(data, scales, block_size):
     )
 
 
-# Eager folds by packed operand: the codes tensor, weakly (an entry lives as long as its codes), with
-# the scales it was folded with and both tensors' version counters and the codes' address, so codes or
-# scales changed in place, moved, or paired with other scales fold again (and under ``reference_only``
-# the reference folds its own).
-_folds: WeakIdKeyDictionary = WeakIdKeyDictionary()
-
-
 def fold_fp8(mx: MXTensor) -> FoldedFP8:
     """An MXFP4 operand blocked along its last dim, folded for the FP8 GEMM.
 
-    An operand several GEMMs read is folded once: eagerly, the result is kept while the packed codes
-    live (W's operands kept over an optimizer step's micro-batches by ``nn.weight_cache``, the
-    saved operands of layers that share them); in a compiled graph the calls are graph nodes, and the
-    graph's merge of equal calls leaves one (Xᵀ that ``wq``/``wk``/``wv`` share in a compiled block).
-    Inference tensors carry no version counter, so they are folded every time."""
-    if torch.compiler.is_compiling() or mx.data.is_inference() or mx.scales.is_inference():
-        return _fold(mx)
-    key = (mx.data._version, mx.scales._version, mx.data.data_ptr(), mx.block_size, _kernels_enabled)
-    memo = _folds.get(mx.data)
-    if memo is not None and memo[0] == key and memo[1] is mx.scales:
-        return memo[2]
-    folded = _fold(mx)
-    _folds[mx.data] = (key, mx.scales, folded)
-    return folded
-
-
-def _fold(mx: MXTensor) -> FoldedFP8:
+    One call per fold, also for the MXFP4 GEMMs of the fold route (``mx_matmul``): in a compiled graph
+    equal calls are merged, so an operand several GEMMs read is folded once (the Xᵀ that ``wq``/``wk``/
+    ``wv`` share in a compiled block). Eagerly nothing is kept between calls: FSDP2's low-precision
+    gather refills the packed operands in place with their version counters preserved (``nn.fsdp``),
+    so a memo on the codes tensor could hand out a fold of last step's weight."""
     args = (mx.data, mx.scales, mx.block_size)
     data, row_scale, lossy = _fold_cuda(*args) if _eager_cuda(mx.data) else fold_op(*args)
     return FoldedFP8(data.view(torch.float8_e4m3fn), row_scale, lossy)
