@@ -32,6 +32,8 @@ def cases(seed: torch.Tensor) -> dict:
     x = {k: torch.randn(s, device="cuda", dtype=torch.bfloat16, generator=gen) for k, s in SHAPES.items()}
     packed = quantize_mx_triton(x["w2"], axis=-1, hadamard_block_size=32)  # Xᵀ's layout: [2048, 8192]
     packed_dy = quantize_mx_triton(x["dy_8192"], axis=-1, hadamard_block_size=32)  # dYᵀ's: [8192, 8192]
+    # wk/wv's dYᵀ, [512, 8192]: few long rows, each split into parts by the fold's launch plan
+    packed_kv = quantize_mx_triton(x["dy_512"].t().contiguous(), axis=-1, hadamard_block_size=32)
     scores = x["dy_8192"][:, 0].float().abs()
     return {
         "fold_rows x_2048 H32 RN": lambda: quantize_fold_fp8(x["x_2048"], hadamard_block_size=32),
@@ -48,6 +50,7 @@ def cases(seed: torch.Tensor) -> dict:
         ),
         "fold xT_2048": lambda: fold_to_fp8(packed),
         "fold dyT_8192": lambda: fold_to_fp8(packed_dy),
+        "fold dyT_512": lambda: fold_to_fp8(packed_kv),
         "top_rows 8192 k64": lambda: top_rows_triton(scores, 64),
     }
 
