@@ -25,7 +25,7 @@ from triton.compiler import ASTSource
 from adahop.kernels import fold
 from adahop.kernels import quantize as q
 from adahop.kernels import quantize_fold as qf
-from adahop.kernels.launch import common_constexprs
+from adahop.kernels.launch import quantize_spec
 from adahop.kernels.quantize_general import _quantize_mx_kernel
 
 SM90 = GPUTarget("cuda", 90, 32)
@@ -95,7 +95,7 @@ def compile_sm90(kernel: triton.JITFunction, constexprs: dict, options: dict, po
 
 def _scored(constexprs: dict) -> dict:
     """A launch without scores passes no score pointer (a constexpr None, as at run time)."""
-    return constexprs if constexprs["SCORES"] else {**constexprs, "score_ptr": None}
+    return constexprs if constexprs["SPEC"].scores else {**constexprs, "score_ptr": None}
 
 
 def variants() -> Iterator[tuple[str, triton.JITFunction, dict, dict, dict]]:
@@ -112,22 +112,8 @@ def variants() -> Iterator[tuple[str, triton.JITFunction, dict, dict, dict]]:
     for rowwise, colwise, scores in orientations:
         for rounding in ("nearest", "stochastic"):
             for hb in (0, 32):
-                plan = q._launch_plan(
-                    *shape,
-                    torch.bfloat16,
-                    (shape[1], 1),
-                    True,
-                    "mxfp4",
-                    rowwise,
-                    colwise,
-                    32,
-                    "floor",
-                    rounding,
-                    hb,
-                    None,
-                    scores,
-                    None,
-                )
+                spec = quantize_spec(torch.bfloat16, True, "mxfp4", 32, "floor", rounding, hb, False, scores)
+                plan = q._launch_plan(*shape, (shape[1], 1), spec, rowwise, colwise, None, None)
                 constexprs = _scored({k: v for k, v in plan.constexprs.items() if k not in LAUNCH_OPTIONS})
                 options = {k: plan.constexprs[k] for k in LAUNCH_OPTIONS if plan.constexprs.get(k) is not None}
                 if plan.kernel is _quantize_mx_kernel:
@@ -144,12 +130,8 @@ def variants() -> Iterator[tuple[str, triton.JITFunction, dict, dict, dict]]:
         for rounding in ("nearest", "stochastic"):
             for hb in (0, 32):
                 block_m, block_n, warps = qf._tile(2048, True)
-                constexprs = dict(
-                    common_constexprs(torch.bfloat16, True, "mxfp4", "floor", rounding, False, scores),
-                    BLOCK_M=block_m,
-                    BLOCK_N=block_n,
-                    HADAMARD=hb,
-                )
+                spec = quantize_spec(torch.bfloat16, True, "mxfp4", 32, "floor", rounding, hb, False, scores)
+                constexprs = dict(BLOCK_M=block_m, BLOCK_N=block_n, SPEC=spec)
                 yield (
                     f"_quantize_fold_rows_kernel {rounding} hadamard {hb}{' scores' * scores}",
                     qf._quantize_fold_rows_kernel,

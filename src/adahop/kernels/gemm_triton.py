@@ -54,8 +54,9 @@ def _autotune(configs: list[triton.Config]):
 
 
 @triton.jit
-def _tile_ids(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
-    """Grouped ordering: consecutive programs share B tiles in L2 (the Triton matmul tutorial's)."""
+def _tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """This program's rows and columns of C and their bounds masks. Grouped ordering: consecutive
+    programs share B tiles in L2 (the Triton matmul tutorial's)."""
     pid = tl.program_id(0)
     grid_m = tl.cdiv(M, BLOCK_M)
     grid_n = tl.cdiv(N, BLOCK_N)
@@ -64,7 +65,9 @@ def _tile_ids(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.co
     group_m = min(grid_m - first_m, GROUP_M)
     pid_m = first_m + (pid % width) % group_m
     pid_n = (pid % width) // group_m
-    return pid_m, pid_n
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    return offs_m, offs_n, offs_m < M, offs_n < N
 
 
 @_autotune(_FP8_CONFIGS)
@@ -84,11 +87,7 @@ def _mxfp4_fp8_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):
-    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    m_ok = offs_m < M
-    n_ok = offs_n < N
+    offs_m, offs_n, m_ok, n_ok = _tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     n_blocks = K // _MX
     a_rows = a_ptr + offs_m.to(tl.int64)[:, None] * (K // 2)
     b_rows = b_ptr + offs_n.to(tl.int64)[:, None] * (K // 2)
@@ -133,11 +132,7 @@ def _mxfp4_dot_scaled_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):
-    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    m_ok = offs_m < M
-    n_ok = offs_n < N
+    offs_m, offs_n, m_ok, n_ok = _tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     n_blocks = K // _MX
     half = tl.arange(0, BLOCK_K // 2)
     blk = tl.arange(0, BLOCK_K // _MX)[None, :]

@@ -40,19 +40,12 @@ from typing import NamedTuple
 import torch
 import triton
 
-from ..formats.elements import ElementFormat
 from ..formats.mx import ELEMENT_FORMATS, MXTensor, check_quantize_args, storage_shapes
 from ..transforms.hadamard import check_hadamard_args
-from .launch import cdiv, common_constexprs, seed_pointer, zero_seed
+from .launch import QuantizeSpec, cdiv, quantize_spec, seed_pointer, zero_seed
 from .quantize_general import _quantize_mx_kernel
 from .quantize_mxfp4 import _quantize_cols_kernel, _quantize_rows_kernel
 from .quantize_tiling import GENERAL_COLWISE_TILING, QuantizeTiling, default_tiling
-
-
-def _codes_per_unit(efmt: ElementFormat, block_size: int) -> int:
-    """Codes per store unit: a 32-bit word where a block fills whole words, else a byte."""
-    unit_bits = 32 if block_size * efmt.bits % 32 == 0 else 8
-    return unit_bits // efmt.bits
 
 
 @dataclass(frozen=True)
@@ -76,25 +69,19 @@ class _LaunchPlan:
 def _launch_plan(
     M: int,
     N: int,
-    dtype: torch.dtype,
     strides: tuple[int, int],
-    on_cuda: bool,
-    fmt: str,
+    spec: QuantizeSpec,
     rowwise: bool,
     colwise: bool,
-    block_size: int,
-    scale_rule: str,
-    rounding: str,
-    hb: int,
     signs_shape: tuple[int, ...] | None,
-    scores: bool,
     tiling: QuantizeTiling | None,
 ) -> _LaunchPlan:
+    fmt, block_size, hb, on_cuda = spec.fmt, spec.block_size, spec.hadamard, spec.native_casts
     if block_size & (block_size - 1):
         raise ValueError(f"the fused quantizer needs a power-of-two block_size, got {block_size}")
-    if scores and rowwise and colwise:
+    if spec.scores and rowwise and colwise:
         raise ValueError("scores are recorded for one orientation at a time")
-    if signs_shape is not None and not hb:
+    if spec.has_signs and not hb:
         raise ValueError("signs are only used with a hadamard_block_size")
     if hb:
         signs = None if signs_shape is None else torch.empty(signs_shape, device="meta")
@@ -104,7 +91,7 @@ def _launch_plan(
     kernel = None
     if efmt.bits == 4 and block_size == 32 and strides[1] == 1 and hb in (0, 32) and rowwise != colwise:
         kernel = _quantize_rows_kernel if rowwise else _quantize_cols_kernel  # whole blocks in a thread
-        if rowwise and not hb and rounding == "nearest":
+        if rowwise and not hb and not spec.stochastic:
             # Fewer instructions, yet slower on the H200 than the general kernel
             # (benchmarks/quantize/2026-12-02-h200-pass10-quantize-ab.txt).
             kernel = None
@@ -120,38 +107,25 @@ def _launch_plan(
     tiling = tiling.fit(whole_blocks if colwise else 1, whole_blocks if rowwise else 1)
 
     m_padded, n_padded = cdiv(M, block_size) * block_size, cdiv(N, block_size) * block_size
-    # Compile-time arguments every kernel takes: input handling, scale rule, rounding, format.
-    constexprs = common_constexprs(dtype, on_cuda, fmt, scale_rule, rounding, signs_shape is not None, scores)
-    constexprs["num_warps"] = tiling.num_warps
-    constexprs["maxnreg"] = tiling.max_registers
+    constexprs = dict(SPEC=spec, num_warps=tiling.num_warps, maxnreg=tiling.max_registers)
     grid = (cdiv(M, tiling.block_m), cdiv(N, tiling.block_n))
     hadamard_scale = 1 / math.sqrt(hb) if hb else 1.0
-    per_unit = _codes_per_unit(efmt, block_size)
+    per_unit = spec.codes_per_unit
     if kernel is _quantize_rows_kernel:
         sizes = dict(M=M, N=N, stride_m=strides[0], n_padded=n_padded)
         outputs = (("data_ptr", "scale_ptr"), None)
-        constexprs.update(BLOCK_M=tiling.block_m, BLOCK_N=tiling.block_n, HADAMARD=hb)
+        constexprs.update(BLOCK_M=tiling.block_m, BLOCK_N=tiling.block_n)
     elif kernel is _quantize_cols_kernel:
         grid = (cdiv(M, 32), cdiv(N, tiling.block_n))
         sizes = dict(M=M, N=N, m_padded=m_padded)
         outputs = (None, ("data_ptr", "scale_ptr"))
         masked = M % 32 != 0 or N % tiling.block_n != 0
-        constexprs.update(STRIDE_M=strides[0], BLOCK_N=tiling.block_n, MASKED=masked, HADAMARD=hb)
+        constexprs.update(STRIDE_M=strides[0], BLOCK_N=tiling.block_n, MASKED=masked)
     else:
         kernel = _quantize_mx_kernel
         sizes = dict(M=M, N=N, stride_m=strides[0], stride_n=strides[1], m_padded=m_padded, n_padded=n_padded)
         outputs = (("row_data_ptr", "row_scale_ptr"), ("col_data_ptr", "col_scale_ptr"))
-        constexprs.update(
-            ROWWISE=rowwise,
-            COLWISE=colwise,
-            BLOCK_M=tiling.block_m,
-            BLOCK_N=tiling.block_n,
-            HADAMARD=hb,
-            HADAMARD_STAGES=max(hb.bit_length() - 1, 0),
-            BLOCK_SIZE=block_size,
-            ELEMENT_BITS=efmt.bits,
-            CODES_PER_UNIT=per_unit,
-        )
+        constexprs.update(ROWWISE=rowwise, COLWISE=colwise, BLOCK_M=tiling.block_m, BLOCK_N=tiling.block_n)
     return _LaunchPlan(
         kernel,
         grid,
@@ -198,23 +172,12 @@ def quantize_launch(
     if x.dim() != 2:
         raise ValueError(f"the fused quantizer takes 2-D tensors, got shape {tuple(x.shape)}")
     M, N = x.shape
-    plan = _launch_plan(
-        M,
-        N,
-        x.dtype,
-        x.stride(),
-        x.is_cuda,
-        fmt,
-        rowwise,
-        colwise,
-        block_size,
-        scale_rule,
-        rounding,
-        hadamard_block_size,
-        None if signs is None else tuple(signs.shape),
-        scores,
-        tiling,
+    signs_shape = None if signs is None else tuple(signs.shape)
+    has_signs = signs is not None
+    spec = quantize_spec(
+        x.dtype, x.is_cuda, fmt, block_size, scale_rule, rounding, hadamard_block_size, has_signs, scores
     )
+    plan = _launch_plan(M, N, x.stride(), spec, rowwise, colwise, signs_shape, tiling)
     # Zeros: the kernels raise each score to their part's abs-max (atomically, as float32 bits).
     score = torch.zeros(M if rowwise else N, dtype=torch.float32, device=x.device) if scores else None
     args = dict(

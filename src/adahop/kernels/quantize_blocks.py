@@ -29,22 +29,14 @@ from .mx_math import (
 
 
 @triton.jit
-def block_scales(
-    amax_bits,
-    finite,
-    RULE: tl.constexpr,
-    EMAX: tl.constexpr,
-    MAX_NORMAL: tl.constexpr,
-    MBITS: tl.constexpr,
-    MAX_CODE: tl.constexpr,
-    ELEMENT_BITS: tl.constexpr,
-):
+def block_scales(amax_bits, finite, SPEC: tl.constexpr):
     """Per block, from its maximum's float32 bits: ``2**-s`` (s <= 126 for every finite amax, so a
     normal number), the code limit and the sign weight (both 0 for a NaN/Inf block, whose element
     codes become 0) and the E8M0 code (255 for NaN/Inf)."""
-    s = shared_exponent(amax_bits, RULE, EMAX, MAX_NORMAL, MBITS)
-    limit = tl.where(finite, MAX_CODE, 0).to(tl.uint32)
-    sign_weight = tl.where(finite, 1 << (ELEMENT_BITS - 1), 0).to(tl.uint32)
+    RULE: tl.constexpr = SPEC.rule
+    s = shared_exponent(amax_bits, RULE, SPEC.emax, SPEC.max_normal, SPEC.mbits)
+    limit = tl.where(finite, SPEC.max_code, 0).to(tl.uint32)
+    sign_weight = tl.where(finite, 1 << (SPEC.element_bits - 1), 0).to(tl.uint32)
     scale_code = tl.where(finite, s + F32_BIAS, E8M0_NAN).to(tl.uint8)
     return exp2_int(-s), limit, sign_weight, scale_code
 
@@ -62,40 +54,31 @@ def quantize_tile(
     signs_ptr,
     seed,
     hadamard_scale,
-    ROUND_TO: tl.constexpr,
-    NATIVE_CASTS: tl.constexpr,
-    HADAMARD: tl.constexpr,
-    HADAMARD_STAGES: tl.constexpr,
-    HAS_SIGNS: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    RULE: tl.constexpr,
-    STOCHASTIC: tl.constexpr,
-    EMAX: tl.constexpr,
-    EMIN: tl.constexpr,
-    MBITS: tl.constexpr,
-    MAX_NORMAL: tl.constexpr,
-    MAX_CODE: tl.constexpr,
-    ELEMENT_BITS: tl.constexpr,
-    CODES_PER_UNIT: tl.constexpr,
+    SPEC: tl.constexpr,
 ):
     """Quantize float32 tile ``v`` [R, C] with blocks along its last axis and store it.
 
     Rows are ``row_start + i`` of the output, columns ``col_start + j`` of its block axis
     (``length`` valid, ``padded_len`` stored). ``data_ptr`` points to units (uint8 or uint32)
-    of ``CODES_PER_UNIT`` packed codes.
+    of ``SPEC.codes_per_unit`` packed codes.
     """
     R: tl.constexpr = v.shape[0]
     C: tl.constexpr = v.shape[1]
+    HADAMARD: tl.constexpr = SPEC.hadamard
+    BLOCK_SIZE: tl.constexpr = SPEC.block_size
+    ELEMENT_BITS: tl.constexpr = SPEC.element_bits
+    CODES_PER_UNIT: tl.constexpr = SPEC.codes_per_unit
     rows = row_start + tl.arange(0, R)
     cols = col_start + tl.arange(0, C)
 
     if HADAMARD > 0:
         groups = tl.reshape(v, [R * C // HADAMARD, HADAMARD])
-        if HAS_SIGNS:
+        if SPEC.has_signs:
             groups = groups * tl.load(signs_ptr + tl.arange(0, HADAMARD))[None, :]
-        groups = walsh_hadamard_butterfly(groups, HADAMARD_STAGES) * hadamard_scale
+        groups = walsh_hadamard_butterfly(groups, SPEC.hadamard_stages) * hadamard_scale
         v = tl.reshape(groups, [R, C])
-        v = round_to_input_dtype(v, ROUND_TO, NATIVE_CASTS)  # hadamard_transform returns it
+        ROUND_TO: tl.constexpr = SPEC.round_to
+        v = round_to_input_dtype(v, ROUND_TO, SPEC.native_casts)  # hadamard_transform returns it
         v = tl.where(cols[None, :] < length, v, 0.0)  # padding is +0, as in the reference
 
     blocks = tl.reshape(v, [R, C // BLOCK_SIZE, BLOCK_SIZE])
@@ -109,12 +92,10 @@ def quantize_tile(
         amax = tl.reduce(tl.abs(blocks), 2, max_keeping_nan)
         finite = amax < float("inf")
         amax_bits = amax.to(tl.int32, bitcast=True)
-    inv_scale, limit, sign_weight, scale_codes = block_scales(
-        amax_bits, finite, RULE, EMAX, MAX_NORMAL, MBITS, MAX_CODE, ELEMENT_BITS
-    )
+    inv_scale, limit, sign_weight, scale_codes = block_scales(amax_bits, finite, SPEC)
     scaled = blocks * inv_scale[:, :, None]
     limit, sign_weight = limit[:, :, None], sign_weight[:, :, None]
-    if STOCHASTIC:
+    if SPEC.stochastic:
         row_offsets = rows.to(tl.int64) * padded_len
         if BLOCK_SIZE % 8 == 0:  # runs of eight elements share a Philox call
             runs = (col_start + tl.arange(0, C // 8) * 8) // 8
@@ -122,11 +103,11 @@ def quantize_tile(
         else:
             noise = philox_noise(seed, row_offsets[:, None] + cols[None, :])
         noise = tl.reshape(noise, [R, C // BLOCK_SIZE, BLOCK_SIZE])
-        codes = encode_elements(scaled, noise, limit, sign_weight, True, MBITS, EMIN)
+        codes = encode_elements(scaled, noise, limit, sign_weight, True, SPEC.mbits, SPEC.emin)
     elif ELEMENT_BITS == 4:
         codes = encode_e2m1_nearest(scaled, limit, sign_weight)
     else:
-        codes = encode_elements(scaled, 0, limit, sign_weight, False, MBITS, EMIN)
+        codes = encode_elements(scaled, 0, limit, sign_weight, False, SPEC.mbits, SPEC.emin)
     units = pack_codes(tl.reshape(codes, [R, C]), ELEMENT_BITS, CODES_PER_UNIT)
 
     row_ok = rows[:, None] < n_rows
@@ -150,28 +131,29 @@ def to_float32(x, INPUT_BF16: tl.constexpr):
 
 
 @triton.jit
-def row_slice(x, signs_ptr, k: tl.constexpr, HADAMARD: tl.constexpr, INPUT_BF16: tl.constexpr, HAS_SIGNS: tl.constexpr):
+def row_slice(x, signs_ptr, k: tl.constexpr, SPEC: tl.constexpr):
     """Slice ``k`` (elements 8k..8k+7 of each block, [R, NB, 8]) as float32, after butterfly
-    stages 1, 2, 4 when ``HADAMARD``."""
+    stages 1, 2, 4 when ``SPEC.hadamard``."""
     R: tl.constexpr = x.shape[0]
     NB: tl.constexpr = x.shape[1]
-    v = to_float32(x, INPUT_BF16)
-    if HADAMARD > 0:
-        if HAS_SIGNS:
+    v = to_float32(x, SPEC.input_bf16)
+    if SPEC.hadamard > 0:
+        if SPEC.has_signs:
             v = v * tl.load(signs_ptr + 8 * k + tl.arange(0, 8))[None, None, :]
         v = tl.reshape(walsh_hadamard_butterfly(tl.reshape(v, [R * NB, 8]), 3), [R, NB, 8])
     return v
 
 
 @triton.jit
-def h32_finish(v, hadamard_scale, ROUND_TO: tl.constexpr, NATIVE_CASTS: tl.constexpr):
+def h32_finish(v, hadamard_scale, SPEC: tl.constexpr):
     """Normalise a transformed slice and round it to the input dtype, as the reference does.
 
     No padding to zero: a Hadamard needs a row length that is a multiple of 32, so a block is
     either whole or wholly outside the row (loaded as zeros, never stored).
     """
     v = v * hadamard_scale
-    v = round_to_input_dtype(v, ROUND_TO, NATIVE_CASTS)  # hadamard_transform returns it
+    ROUND_TO: tl.constexpr = SPEC.round_to
+    v = round_to_input_dtype(v, ROUND_TO, SPEC.native_casts)  # hadamard_transform returns it
     return v
 
 
@@ -185,21 +167,11 @@ def row_blocks(
     N,
     stride_m,
     hadamard_scale,
-    HADAMARD: tl.constexpr,
-    INPUT_BF16: tl.constexpr,
-    ROUND_TO: tl.constexpr,
-    NATIVE_CASTS: tl.constexpr,
-    HAS_SIGNS: tl.constexpr,
-    RULE: tl.constexpr,
-    EMAX: tl.constexpr,
-    MAX_NORMAL: tl.constexpr,
-    MBITS: tl.constexpr,
-    MAX_CODE: tl.constexpr,
-    SCORES: tl.constexpr,
+    SPEC: tl.constexpr,
 ):
     """Blocks ``blocks`` of ``rows`` as four float32 slices [R, NB, 8] (elements 8k..8k+7 of each
-    block, after the 32-point Hadamard when ``HADAMARD``), with each block's inverse scale, code
-    limit and sign weight ([R, NB, 1]) and E8M0 code ([R, NB]); with ``SCORES``, also each row's
+    block, after the 32-point Hadamard when ``SPEC.hadamard``), with each block's inverse scale, code
+    limit and sign weight ([R, NB, 1]) and E8M0 code ([R, NB]); with ``SPEC.scores``, also each row's
     abs-max over these blocks before the Hadamard ([R]; else 0), its outlier score.
 
     Each block is loaded as four 8-wide slices (16-byte loads for bf16) that share one register
@@ -210,32 +182,33 @@ def row_blocks(
     offs = (rows.to(tl.int64) * stride_m)[:, None, None] + cols
     row_ok = (rows < M)[:, None, None]  # columns past N load as zeros: the padding of a partial block
     x0 = tl.load(x_ptr + offs, mask=row_ok & (cols < N), other=0)
-    v0 = row_slice(x0, signs_ptr, 0, HADAMARD, INPUT_BF16, HAS_SIGNS)
+    v0 = row_slice(x0, signs_ptr, 0, SPEC)
     x1 = tl.load(x_ptr + offs + 8, mask=row_ok & (cols + 8 < N), other=0)
-    v1 = row_slice(x1, signs_ptr, 1, HADAMARD, INPUT_BF16, HAS_SIGNS)
+    v1 = row_slice(x1, signs_ptr, 1, SPEC)
     x2 = tl.load(x_ptr + offs + 16, mask=row_ok & (cols + 16 < N), other=0)
-    v2 = row_slice(x2, signs_ptr, 2, HADAMARD, INPUT_BF16, HAS_SIGNS)
+    v2 = row_slice(x2, signs_ptr, 2, SPEC)
     x3 = tl.load(x_ptr + offs + 24, mask=row_ok & (cols + 24 < N), other=0)
-    v3 = row_slice(x3, signs_ptr, 3, HADAMARD, INPUT_BF16, HAS_SIGNS)
+    v3 = row_slice(x3, signs_ptr, 3, SPEC)
     score = 0.0
-    if SCORES:  # from the loaded values, before the Hadamard
+    if SPEC.scores:  # from the loaded values, before the Hadamard
+        bf16 = SPEC.input_bf16
         score = max_keeping_nan(
-            max_keeping_nan(tl.abs(to_float32(x0, INPUT_BF16)), tl.abs(to_float32(x1, INPUT_BF16))),
-            max_keeping_nan(tl.abs(to_float32(x2, INPUT_BF16)), tl.abs(to_float32(x3, INPUT_BF16))),
+            max_keeping_nan(tl.abs(to_float32(x0, bf16)), tl.abs(to_float32(x1, bf16))),
+            max_keeping_nan(tl.abs(to_float32(x2, bf16)), tl.abs(to_float32(x3, bf16))),
         )
         score = tl.reduce(tl.reduce(score, 2, max_keeping_nan), 1, max_keeping_nan)
-    if HADAMARD > 0:
+    if SPEC.hadamard > 0:
         # Stage 8 pairs slices (0, 1) and (2, 3); stage 16 pairs (0, 2) and (1, 3).
         a0, a1, a2, a3 = v0 + v1, v0 - v1, v2 + v3, v2 - v3
-        v0 = h32_finish(a0 + a2, hadamard_scale, ROUND_TO, NATIVE_CASTS)
-        v1 = h32_finish(a1 + a3, hadamard_scale, ROUND_TO, NATIVE_CASTS)
-        v2 = h32_finish(a0 - a2, hadamard_scale, ROUND_TO, NATIVE_CASTS)
-        v3 = h32_finish(a1 - a3, hadamard_scale, ROUND_TO, NATIVE_CASTS)
+        v0 = h32_finish(a0 + a2, hadamard_scale, SPEC)
+        v1 = h32_finish(a1 + a3, hadamard_scale, SPEC)
+        v2 = h32_finish(a0 - a2, hadamard_scale, SPEC)
+        v3 = h32_finish(a1 - a3, hadamard_scale, SPEC)
 
     amax = max_keeping_nan(max_keeping_nan(tl.abs(v0), tl.abs(v1)), max_keeping_nan(tl.abs(v2), tl.abs(v3)))
     amax = tl.reduce(amax, 2, max_keeping_nan)
     inv_scale, limit, sign_weight, scale_codes = block_scales(
-        amax.to(tl.int32, bitcast=True), amax < float("inf"), RULE, EMAX, MAX_NORMAL, MBITS, MAX_CODE, 4
+        amax.to(tl.int32, bitcast=True), amax < float("inf"), SPEC
     )
     return (v0, v1, v2, v3, inv_scale[:, :, None], limit[:, :, None], sign_weight[:, :, None], scale_codes, score)
 
@@ -249,24 +222,20 @@ def record_scores(score_ptr, lines, amax, ok):
 
 
 @triton.jit
-def row_codes(
-    v, inv_scale, limit, sign_weight, counters, seed, STOCHASTIC: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr
-):
+def row_codes(v, inv_scale, limit, sign_weight, counters, seed, SPEC: tl.constexpr):
     """E2M1 codes of a slice ([R, NB, 8], block scale applied here); ``counters`` [R, NB] are
     its Philox counters (the index of its 32-bit word in the packed row)."""
     R: tl.constexpr = v.shape[0]
     NB: tl.constexpr = v.shape[1]
     scaled = v * inv_scale
-    if STOCHASTIC:
+    if SPEC.stochastic:
         noise = tl.reshape(philox_noise_runs(seed, counters), [R, NB, 8])
-        return encode_elements(scaled, noise, limit, sign_weight, True, MBITS, EMIN)
+        return encode_elements(scaled, noise, limit, sign_weight, True, SPEC.mbits, SPEC.emin)
     return encode_e2m1_nearest(scaled, limit, sign_weight)
 
 
 @triton.jit
-def row_word(
-    v, inv_scale, limit, sign_weight, counters, seed, STOCHASTIC: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr
-):
+def row_word(v, inv_scale, limit, sign_weight, counters, seed, SPEC: tl.constexpr):
     """A slice's 8 codes packed into one 32-bit word per block, first code lowest."""
-    codes = row_codes(v, inv_scale, limit, sign_weight, counters, seed, STOCHASTIC, MBITS, EMIN)
+    codes = row_codes(v, inv_scale, limit, sign_weight, counters, seed, SPEC)
     return tl.sum(codes << (tl.arange(0, 8) * 4)[None, None, :], axis=2)

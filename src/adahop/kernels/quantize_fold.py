@@ -28,7 +28,7 @@ from ..formats.folded import FOLD_BLOCK, FoldedFP8, folds_directly
 from ..formats.mx import check_quantize_args
 from ..transforms.hadamard import check_hadamard_args
 from .fold import _MIN_NORMAL_SHIFT, FLUSH_SHIFT, FOLD_OFFSET, _fold_nibbles
-from .launch import INTERPRET, cdiv, common_constexprs, seed_pointer, zero_seed
+from .launch import INTERPRET, cdiv, quantize_spec, seed_pointer, zero_seed
 from .quantize_blocks import row_blocks, row_codes
 
 ELEMENTS_PER_THREAD = 32  # one block per thread, as in the row-wise quantize kernel
@@ -90,52 +90,22 @@ def _quantize_fold_rows_kernel(
     hadamard_scale,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    HADAMARD: tl.constexpr,
-    INPUT_BF16: tl.constexpr,
-    ROUND_TO: tl.constexpr,
-    NATIVE_CASTS: tl.constexpr,
-    HAS_SIGNS: tl.constexpr,
-    RULE: tl.constexpr,
-    STOCHASTIC: tl.constexpr,
-    EMAX: tl.constexpr,
-    EMIN: tl.constexpr,
-    MBITS: tl.constexpr,
-    MAX_NORMAL: tl.constexpr,
-    MAX_CODE: tl.constexpr,
-    SCORES: tl.constexpr,
+    SPEC: tl.constexpr,
 ):
     NB: tl.constexpr = BLOCK_N // 32
     seed = tl.load(seed_ptr)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     blocks = tl.arange(0, NB)
     v0, v1, v2, v3, inv_scale, limit, sign_weight, scale_codes, score = row_blocks(
-        x_ptr,
-        signs_ptr,
-        rows,
-        blocks,
-        M,
-        N,
-        stride_m,
-        hadamard_scale,
-        HADAMARD,
-        INPUT_BF16,
-        ROUND_TO,
-        NATIVE_CASTS,
-        HAS_SIGNS,
-        RULE,
-        EMAX,
-        MAX_NORMAL,
-        MBITS,
-        MAX_CODE,
-        SCORES,
+        x_ptr, signs_ptr, rows, blocks, M, N, stride_m, hadamard_scale, SPEC
     )
     # Magnitude codes (sign weight 0), with Philox counters as in the packed layout (word w holds
     # elements 8w..8w+7), so the noise, and so the codes, are those of quantize_mx_triton.
     word0 = rows.to(tl.int64)[:, None] * (N // 8) + (blocks * 4)[None, :]
-    m0 = row_codes(v0, inv_scale, limit, 0, word0, seed, STOCHASTIC, MBITS, EMIN)
-    m1 = row_codes(v1, inv_scale, limit, 0, word0 + 1, seed, STOCHASTIC, MBITS, EMIN)
-    m2 = row_codes(v2, inv_scale, limit, 0, word0 + 2, seed, STOCHASTIC, MBITS, EMIN)
-    m3 = row_codes(v3, inv_scale, limit, 0, word0 + 3, seed, STOCHASTIC, MBITS, EMIN)
+    m0 = row_codes(v0, inv_scale, limit, 0, word0, seed, SPEC)
+    m1 = row_codes(v1, inv_scale, limit, 0, word0 + 1, seed, SPEC)
+    m2 = row_codes(v2, inv_scale, limit, 0, word0 + 2, seed, SPEC)
+    m3 = row_codes(v3, inv_scale, limit, 0, word0 + 3, seed, SPEC)
     n0, n1, n2, n3 = sign_bit(v0), sign_bit(v1), sign_bit(v2), sign_bit(v3)
 
     # The row's reference: its largest finite block code (NaN blocks and blocks past N left out).
@@ -171,7 +141,7 @@ def _quantize_fold_rows_kernel(
     scale_bits = tl.where(scale_exp > 0, scale_exp << 23, 1 << (22 + scale_exp))
     tl.store(row_scale_ptr + rows, scale_bits, mask=row_ok)
     tl.store(lossy_ptr + rows, lossy, mask=row_ok)
-    if SCORES:  # a program holds whole rows
+    if SPEC.scores:  # a program holds whole rows
         tl.store(score_ptr + rows, score, mask=row_ok)
 
 
@@ -233,10 +203,19 @@ def quantize_fold_fp8(
         1 / math.sqrt(hadamard_block_size) if hadamard_block_size else 1.0,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
-        HADAMARD=hadamard_block_size,
+        SPEC=quantize_spec(
+            x.dtype,
+            x.is_cuda,
+            "mxfp4",
+            block_size=FOLD_BLOCK,
+            scale_rule=scale_rule,
+            rounding=rounding,
+            hadamard=hadamard_block_size,
+            has_signs=signs is not None,
+            scores=scores,
+        ),
         num_warps=warps,
         maxnreg=MAX_REGISTERS,
-        **common_constexprs(x.dtype, x.is_cuda, "mxfp4", scale_rule, rounding, signs is not None, scores),
     )
     folded = FoldedFP8(data.view(torch.float8_e4m3fn), row_scale, lossy)
     return (folded, score) if scores else folded

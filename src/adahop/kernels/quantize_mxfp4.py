@@ -36,19 +36,7 @@ def _quantize_rows_kernel(
     hadamard_scale,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    HADAMARD: tl.constexpr,
-    INPUT_BF16: tl.constexpr,
-    ROUND_TO: tl.constexpr,
-    NATIVE_CASTS: tl.constexpr,
-    HAS_SIGNS: tl.constexpr,
-    RULE: tl.constexpr,
-    STOCHASTIC: tl.constexpr,
-    EMAX: tl.constexpr,
-    EMIN: tl.constexpr,
-    MBITS: tl.constexpr,
-    MAX_NORMAL: tl.constexpr,
-    MAX_CODE: tl.constexpr,
-    SCORES: tl.constexpr,
+    SPEC: tl.constexpr,
 ):
     """Row-wise MXFP4 (block 32, optional 32-point Hadamard): the forward and dgrad operands.
 
@@ -64,36 +52,18 @@ def _quantize_rows_kernel(
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     blocks = tl.program_id(1) * NB + tl.arange(0, NB)
     v0, v1, v2, v3, inv_scale, limit, sign_weight, scale_codes, score = row_blocks(
-        x_ptr,
-        signs_ptr,
-        rows,
-        blocks,
-        M,
-        N,
-        stride_m,
-        hadamard_scale,
-        HADAMARD,
-        INPUT_BF16,
-        ROUND_TO,
-        NATIVE_CASTS,
-        HAS_SIGNS,
-        RULE,
-        EMAX,
-        MAX_NORMAL,
-        MBITS,
-        MAX_CODE,
-        SCORES,
+        x_ptr, signs_ptr, rows, blocks, M, N, stride_m, hadamard_scale, SPEC
     )
-    if SCORES:  # a row spans programs along N
+    if SPEC.scores:  # a row spans programs along N
         record_scores(score_ptr, rows, score, rows < M)
 
     # Word w of a row holds elements 8w..8w+7; its index is also their Philox counter.
     n_blocks = n_padded // 32
     word0 = rows.to(tl.int64)[:, None] * (n_padded // 8) + (blocks * 4)[None, :]
-    w0 = row_word(v0, inv_scale, limit, sign_weight, word0, seed, STOCHASTIC, MBITS, EMIN)
-    w1 = row_word(v1, inv_scale, limit, sign_weight, word0 + 1, seed, STOCHASTIC, MBITS, EMIN)
-    w2 = row_word(v2, inv_scale, limit, sign_weight, word0 + 2, seed, STOCHASTIC, MBITS, EMIN)
-    w3 = row_word(v3, inv_scale, limit, sign_weight, word0 + 3, seed, STOCHASTIC, MBITS, EMIN)
+    w0 = row_word(v0, inv_scale, limit, sign_weight, word0, seed, SPEC)
+    w1 = row_word(v1, inv_scale, limit, sign_weight, word0 + 1, seed, SPEC)
+    w2 = row_word(v2, inv_scale, limit, sign_weight, word0 + 2, seed, SPEC)
+    w3 = row_word(v3, inv_scale, limit, sign_weight, word0 + 3, seed, SPEC)
     words = tl.reshape(tl.join(tl.join(w0, w2), tl.join(w1, w3)), [BLOCK_M, NB, 4])  # w0 w1 w2 w3
     ok = (rows < M)[:, None] & (blocks < n_blocks)[None, :]
     tl.store(data_ptr + word0[:, :, None] + tl.arange(0, 4)[None, None, :], words, mask=ok[:, :, None])
@@ -116,19 +86,7 @@ def _quantize_cols_kernel(
     STRIDE_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr,
-    HADAMARD: tl.constexpr,
-    INPUT_BF16: tl.constexpr,
-    ROUND_TO: tl.constexpr,
-    NATIVE_CASTS: tl.constexpr,
-    HAS_SIGNS: tl.constexpr,
-    RULE: tl.constexpr,
-    STOCHASTIC: tl.constexpr,
-    EMAX: tl.constexpr,
-    EMIN: tl.constexpr,
-    MBITS: tl.constexpr,
-    MAX_NORMAL: tl.constexpr,
-    MAX_CODE: tl.constexpr,
-    SCORES: tl.constexpr,
+    SPEC: tl.constexpr,
 ):
     """Column-wise MXFP4 (blocks of 32 down a column, optional 32-point Hadamard): the wgrad
     operands and dgrad's Wᵀ.
@@ -152,25 +110,27 @@ def _quantize_cols_kernel(
         x = tl.load(x_ptrs, mask=(cols < N)[:, None] & (r0 + rows < M)[None, :], other=0)
     else:
         x = tl.load(x_ptrs)
-    v = to_float32(x, INPUT_BF16)  # [BLOCK_N, 32]
-    if SCORES:  # a column (an output row) spans programs along M
+    v = to_float32(x, SPEC.input_bf16)  # [BLOCK_N, 32]
+    if SPEC.scores:  # a column (an output row) spans programs along M
         record_scores(score_ptr, cols, tl.reduce(tl.abs(v), 1, max_keeping_nan), cols < N)
-    if HADAMARD > 0:  # M is a multiple of 32: no padding inside a block
-        if HAS_SIGNS:
+    if SPEC.hadamard > 0:  # M is a multiple of 32: no padding inside a block
+        if SPEC.has_signs:
             v = v * tl.load(signs_ptr + rows)[None, :]
         v = walsh_hadamard_butterfly(v, 5) * hadamard_scale
-        v = round_to_input_dtype(v, ROUND_TO, NATIVE_CASTS)  # hadamard_transform returns it
+        ROUND_TO: tl.constexpr = SPEC.round_to
+        v = round_to_input_dtype(v, ROUND_TO, SPEC.native_casts)  # hadamard_transform returns it
 
     amax = tl.reduce(tl.abs(v), 1, max_keeping_nan)
     inv_scale, limit, sign_weight, scale_codes = block_scales(
-        amax.to(tl.int32, bitcast=True), amax < float("inf"), RULE, EMAX, MAX_NORMAL, MBITS, MAX_CODE, 4
+        amax.to(tl.int32, bitcast=True), amax < float("inf"), SPEC
     )
     scaled = v * inv_scale[:, None]
     limit, sign_weight = limit[:, None], sign_weight[:, None]
     # Word w of an output row (a column of x) holds its elements 8w..8w+7: also their Philox counter.
     words = cols.to(tl.int64)[:, None] * (m_padded // 8) + (r0 // 8 + tl.arange(0, 4))[None, :]
-    if STOCHASTIC:
-        codes = encode_elements(scaled, philox_noise_runs(seed, words), limit, sign_weight, True, MBITS, EMIN)
+    if SPEC.stochastic:
+        noise = philox_noise_runs(seed, words)
+        codes = encode_elements(scaled, noise, limit, sign_weight, True, SPEC.mbits, SPEC.emin)
     else:
         codes = encode_e2m1_nearest(scaled, limit, sign_weight)
     packed = tl.sum(tl.reshape(codes, [BLOCK_N, 4, 8]) << (tl.arange(0, 8) * 4)[None, None, :], axis=2)
