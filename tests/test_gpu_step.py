@@ -94,3 +94,48 @@ def test_every_replay_rounds_with_fresh_noise(recipe, fresh_noise):
         grads.append(model.layers[0].feed_forward.w2.weight.grad.clone())
     assert step.captured
     assert torch.equal(grads[1], grads[2]) is not fresh_noise
+
+
+def test_accumulating_graph_reads_the_weight_operands_the_first_graph_writes():
+    """Inside ``weight_operands_cached`` the accumulating graph is captured with no quantize call on
+    W and reads W's operands where the first graph writes them on every replay: its loss is bit
+    for bit an eager forward's on the same (updated) W. Round to nearest everywhere, so the forward
+    is deterministic; a large learning rate, so a stale operand would change the loss."""
+    from adahop import ops
+    from adahop.nn import weight_operands_cached
+
+    model, accum = _model({"name": "mxfp4_hadamard", "grad_rounding": "nearest"}), 2
+    shapes = {tuple(layer.weight.shape) for layer in adahop_layers(model).values()}
+    assert all(BATCH * SEQ not in shape for shape in shapes)  # no activation has a weight's shape
+    calls = []
+    kernels = {"quantize_mx": ops._quantize_mx_cuda, "quantize_fold_fp8": ops._quantize_fold_cuda}
+
+    def counted(kernel):
+        def run(x, *args):
+            calls.append(tuple(x.shape) in shapes)
+            return kernel(x, *args)
+
+        return run
+
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    step = GraphedMicroStep(model, loss_scale=1 / accum)
+    batches = _batches(5 * accum)
+    made = {}  # W quantize calls per optimizer step and micro-step
+    with torch.library._scoped_library("adahop", "IMPL") as lib:
+        for name, kernel in kernels.items():
+            lib.impl(name, counted(kernel), "CUDA")
+        for s in range(5):  # warm-up, captures, replays
+            with weight_operands_cached(model):
+                for i in range(accum):
+                    calls.clear()
+                    loss = step(*batches[s * accum + i], first=i == 0).item()
+                    made[s, i] = sum(calls)
+            with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
+                _, eager = model(*batches[s * accum + accum - 1])
+            assert loss == eager.item(), s
+            opt.step()
+    assert step.captured and step._operands.reuses
+    layers = len(adahop_layers(model))
+    assert made[0, 0] == made[1, 0] == 2 * layers  # eager, then the first graph's capture: W and Wᵀ
+    assert made[0, 1] == made[1, 1] == 0  # eager, then the accumulating graph's capture: read, not made
+    assert all(made[s, i] == 0 for s in (2, 3, 4) for i in range(accum))  # replays call nothing

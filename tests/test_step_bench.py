@@ -86,6 +86,31 @@ def test_roofline_bytes_are_what_the_layer_reads_and_writes(recipe, plan, monkey
     assert {f: p.bytes for f, p in model.items()} == trace.bytes
 
 
+@pytest.mark.parametrize("plan", [("iht", "iht", "iht"), ("oe_right", "oe_right", "mxfp4")])
+def test_roofline_counts_weight_passes_once_per_step_where_they_are_kept(plan, monkeypatch):
+    """Three micro-batches inside ``weight_operands_cached``: W's quantize passes (its selection and
+    Wᵀ's fold with them) run once, the others three times, as the model says."""
+    from adahop.nn import weight_operands_cached
+
+    monkeypatch.setattr(ops, "folds_into_fp8", lambda device, n: True)
+    torch.manual_seed(0)
+    layer = AdaHOPLinear(IN, OUT, bias=False, recipe="adahop_lv2", dtype=torch.bfloat16)
+    layer.set_plan(LayerPlan(*plan))
+    trace = _PreparationTrace()
+    with trace, weight_operands_cached(layer):
+        for _ in range(3):
+            x = torch.randn(T, IN, dtype=torch.bfloat16, requires_grad=True)
+            layer(x).float().square().sum().backward()
+    shape = roofline.Layer("layers.0.attention.wo", IN, OUT, *plan)
+    model = roofline.preparation_passes([shape], T, micro_steps=3, weight_micro_steps=1, merged=False)
+    assert {f: p.calls for f, p in model.items()} == trace.calls
+    assert {f: p.bytes for f, p in model.items()} == trace.bytes
+    each = roofline.preparation_passes([shape], T, micro_steps=3, merged=False)
+    assert each[roofline.QUANTIZE_COLS].calls == model[roofline.QUANTIZE_COLS].calls + 2  # Wᵀ: 3, not 1
+    floor = roofline.one_read_floor_bytes([shape], T, micro_steps=3)
+    assert roofline.one_read_floor_bytes([shape], T, micro_steps=3, weight_micro_steps=1) < floor
+
+
 def test_roofline_counts_a_shared_input_once_where_compiled_blocks_merge_its_calls():
     layers = [
         roofline.Layer(f"layers.0.attention.{name}", 64, 64, forward, "iht", "iht")
@@ -152,25 +177,37 @@ def test_step_bench_dry_run_falls_back_times_every_step_and_accumulates(corpus):
     assert "| tiny_2x32_accum2 | adahop_lv2 / eager | - | - | - | - |" in "\n".join(memory_markdown(result))
     table = roofline.roofline(lv2, copy_gb_per_s=4000.0)  # no kernels on the CPU: bytes only
     assert table["total"]["gb"] > 0 and all(r["calls_profiled"] == 0 for r in table["families"].values())
+    # W quantized once per optimizer step (the default), so the roofline counts its passes once
+    assert lv2["weight_operands_once_per_step"]
+    each = roofline.roofline(lv2 | {"weight_operands_once_per_step": False}, copy_gb_per_s=4000.0)
+    assert each["total"]["gb"] > table["total"]["gb"]
 
 
 def test_step_bench_gpu_script_dry_run_writes_its_files(tmp_path):
     """benchmarks/step/step_bench_h200.sh with DRY=1: the call a GPU session makes, on the CPU; a recipe
-    this checkout does not register is skipped with a line, not a failed call."""
+    this checkout does not register is skipped with a line, not a failed call; EXTRA_RUNS run after
+    (here the plumbing of the W-each A/B: ``training.weight_operands_once_per_step=false``)."""
     import os
     import subprocess
     from pathlib import Path
 
     root = Path(__file__).parents[1]
     out = tmp_path / "out"
-    env = os.environ | {"DRY": "1", "OUT": str(out), "RECIPES": "bf16 no_such_recipe", "MODE": "eager"}
+    env = os.environ | {
+        "DRY": "1",
+        "OUT": str(out),
+        "RECIPES": "bf16 no_such_recipe",
+        "MODE": "eager",
+        "EXTRA_RUNS": "bf16/eager-w-each",
+    }
     done = subprocess.run(
         ["bash", str(root / "benchmarks" / "step" / "step_bench_h200.sh")], env=env, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert sorted(p.name for p in out.iterdir()) == ["bench.json", "bench.log", "bench.md", "step_bench.log"]
     assert "skipped: no_such_recipe is not a recipe of this checkout" in (out / "step_bench.log").read_text()
-    assert "| bf16/eager |" in (out / "bench.md").read_text()
+    table = (out / "bench.md").read_text()
+    assert "| bf16/eager |" in table and "| bf16/eager-w-each |" in table
 
 
 def test_roofline_model_predicts_every_preparation_call_of_a_committed_h200_step():

@@ -16,6 +16,9 @@
 #            recipe names; a name this checkout does not register is skipped with a line saying so
 #   MODE [fastest]   the mode of every recipe (eager, compile, graph, compile+graph, fastest), or several,
 #                    comma-separated, each run for every recipe (the bench ranks them: e.g. "compile,compile+graph")
+#   EXTRA_RUNS [""]  more runs after those, RECIPE/MODE comma-separated; a mode ending in -w-each quantizes W
+#                    on every micro-batch (training.weight_operands_once_per_step=false), e.g.
+#                    "adahop_lv2/fastest-w-each": the A/B of W quantized once per optimizer step
 #   TESTS [""]       pytest arguments run first through benchmarks/gpu-tests/run_gpu_tests.sh (e.g.
 #                    "tests/test_gpu_step.py tests/test_gpu_linear.py"), stopped after TESTS_LIMIT [240] s
 #   LIMIT [585]      seconds from the start by which everything is done (the call has 600)
@@ -44,7 +47,7 @@ exec > >(tee -a "$OUT/step_bench.log") 2>&1
 T0=$(date +%s)
 say() { echo "== $(date -u +%T) (+$(( $(date +%s) - T0 ))s) $*"; }
 export ADAHOP_COMMIT=${ADAHOP_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
-say "commit $ADAHOP_COMMIT; case $CASE; recipes [$RECIPES]; mode $MODE; tests [${TESTS:-none}]; dry $DRY"
+say "commit $ADAHOP_COMMIT; case $CASE; recipes [$RECIPES]; mode $MODE; extra runs [${EXTRA_RUNS:-none}]; tests [${TESTS:-none}]; dry $DRY"
 command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 
 if [ "$DRY" != 1 ] && ls .whl/*.whl > /dev/null 2>&1; then
@@ -67,6 +70,7 @@ print(",".join(f"{n}/{m}" for n in names if n in RECIPES for m in mode.split(","
 PY
 )
 [ -n "$RUNS" ] || { say "FAILED: none of [$RECIPES] is a recipe of this checkout"; exit 1; }
+[ -n "${EXTRA_RUNS:-}" ] && RUNS="$RUNS,$EXTRA_RUNS"
 
 if [ -n "$TESTS" ]; then
   say "GPU tests: $TESTS (limit ${TESTS_LIMIT}s)"

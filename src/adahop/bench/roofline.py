@@ -18,7 +18,8 @@ Hopper route (``policy.routes``: fold_fp8), with the bytes each pass reads and w
 Compiled blocks merge equal calls (``ops``: layers sharing an input, ``wq``/``wk``/``wv`` and
 ``w1``/``w3``, quantize it once when their strategies agree), and with them the folds of that one
 Xᵀ (``ops.fold_fp8`` is its own graph node; ``shared_folds``: runs recorded before 2026-12-05 folded
-inside each wgrad GEMM, once per consumer). Time per family comes from the profiled step's kernels, and the
+inside each wgrad GEMM, once per consumer). Under gradient accumulation W's passes run once per
+optimizer step where its operands are kept (``training.weight_operands_once_per_step``). Time per family comes from the profiled step's kernels, and the
 calls the model predicts sit beside the calls the profiler counted, so a model that no longer
 matches the code shows. Not modelled: the casts that feed the quantizers (the FP32 master weight
 to BF16 is autocast's, as in BF16) and the gather of extracted outlier rows (k rows per operand), and the separate Hadamard pass of an FP8
@@ -111,27 +112,34 @@ def preparation_passes(
     tokens: int,
     *,
     micro_steps: int = 1,
+    weight_micro_steps: int | None = None,
     merged: bool = True,
     shared_folds: bool = True,
     oe_k: int = 64,
 ) -> dict[str, FamilyBytes]:
     """Calls and bytes per family of one optimizer step of ``micro_steps`` micro-batches of
     ``tokens`` tokens; ``merged``: equal quantize calls of layers sharing an input counted once
-    (compiled blocks), and, with ``shared_folds``, the folds of the Xᵀ they share."""
-    out: dict[str, FamilyBytes] = defaultdict(FamilyBytes)
+    (compiled blocks), and, with ``shared_folds``, the folds of the Xᵀ they share.
+    ``weight_micro_steps``: the micro-batches that quantize W (1 where W's operands are kept over
+    the step, ``training.weight_operands_once_per_step``; ``micro_steps`` by default); the fold of
+    the kept Wᵀ with them where eager (``ops.fold_fp8`` keeps it), in each backward where compiled."""
+    weight_micro_steps = micro_steps if weight_micro_steps is None else weight_micro_steps
+    per_batch: dict[str, FamilyBytes] = defaultdict(FamilyBytes)
+    per_weight: dict[str, FamilyBytes] = defaultdict(FamilyBytes)  # the passes on W, Wᵀ
     seen: set[tuple] = set()
 
-    def add(family: str, nbytes: int, key: tuple | None = None) -> None:
+    def add(family: str, nbytes: int, key: tuple | None = None, weight: bool = False) -> None:
         if key is not None and merged:
             if key in seen:
                 return
             seen.add(key)
+        out = per_weight if weight else per_batch
         out[family].calls += 1
         out[family].bytes += nbytes
 
-    def select(rows: int, key: tuple | None = None) -> None:
+    def select(rows: int, key: tuple | None = None, weight: bool = False) -> None:
         """The top rows of the scores the quantize pass ``key`` recorded: merged where that pass is."""
-        add(SELECT, SCORE_BYTES * rows + 8 * min(oe_k, rows), None if key is None else ("select", *key))
+        add(SELECT, SCORE_BYTES * rows + 8 * min(oe_k, rows), None if key is None else ("select", *key), weight)
 
     T = tokens
     for layer in layers:
@@ -145,14 +153,14 @@ def preparation_passes(
             key = ("X", source, layer.forward_fmt, rotate, x_scores)
             if layer.forward_fmt == ROWWISE_FP8:
                 add(QUANTIZE_FP8, _fp8_rows_bytes(T, n_in, scores=x_scores), key)
-                add(QUANTIZE_FP8, _fp8_rows_bytes(n_out, n_in, scores=w_scores))
+                add(QUANTIZE_FP8, _fp8_rows_bytes(n_out, n_in, scores=w_scores), weight=True)
             else:
                 add(QUANTIZE_FOLD, _quantize_bytes(T, n_in, folded=True, scores=x_scores), key)
-                add(QUANTIZE_FOLD, _quantize_bytes(n_out, n_in, folded=True, scores=w_scores))
+                add(QUANTIZE_FOLD, _quantize_bytes(n_out, n_in, folded=True, scores=w_scores), weight=True)
             if x_scores:
                 select(T, key)
             if w_scores:
-                select(n_out)
+                select(n_out, weight=True)
         if wgrad is not Strategy.BF16:  # Xᵀ, saved for wgrad (R); its dYᵀ (L) in backward
             rotate = wgrad is not Strategy.MXFP4
             xt_scores, dyt_scores = wgrad is Strategy.OE_RIGHT, wgrad is Strategy.OE_LEFT
@@ -167,25 +175,35 @@ def preparation_passes(
                 select(n_out)
         if dgrad is not Strategy.BF16:  # Wᵀ saved for dgrad (R), dY (L) in backward
             wt_scores, dy_scores = dgrad is Strategy.OE_RIGHT, dgrad is Strategy.OE_LEFT
-            add(QUANTIZE_COLS, _quantize_bytes(n_in, n_out, folded=False, scores=wt_scores))
+            add(QUANTIZE_COLS, _quantize_bytes(n_in, n_out, folded=False, scores=wt_scores), weight=True)
             add(QUANTIZE_FOLD, _quantize_bytes(T, n_out, folded=True, scores=dy_scores))
-            add(FOLD, _fold_bytes(n_in, n_out))
+            add(FOLD, _fold_bytes(n_in, n_out), weight=not merged)
             if wt_scores:
-                select(n_in)
+                select(n_in, weight=True)
             if dy_scores:
                 select(T)
-    for fam in out.values():
-        fam.calls *= micro_steps
-        fam.bytes *= micro_steps
+    out: dict[str, FamilyBytes] = defaultdict(FamilyBytes)
+    for passes, times in ((per_batch, micro_steps), (per_weight, weight_micro_steps)):
+        for family, fam in passes.items():
+            out[family].calls += fam.calls * times
+            out[family].bytes += fam.bytes * times
     return dict(out)
 
 
-def one_read_floor_bytes(layers: list[Layer], tokens: int, *, micro_steps: int = 1) -> int:
+def one_read_floor_bytes(
+    layers: list[Layer], tokens: int, *, micro_steps: int = 1, weight_micro_steps: int | None = None
+) -> int:
     """Bytes if every source tensor (X per shared input, W, dY) were read once for all its
     orientations and every GEMM operand written once as the E4M3 its GEMM reads (no packed copy,
-    no separate fold): the floor of a fused design, not of this code."""
-    read, write, sources = 0, 0, set()
+    no separate fold): the floor of a fused design, not of this code. W's share counts
+    ``weight_micro_steps`` times (``preparation_passes``)."""
+    weight_micro_steps = micro_steps if weight_micro_steps is None else weight_micro_steps
+    per_batch, per_weight, sources = 0, 0, set()
     T = tokens
+
+    def written(shapes: list[tuple[int, int]]) -> int:
+        return sum(r * k + SCALE_BYTES_PER_ROW * r for r, k in shapes)
+
     for layer in layers:
         block, _, leaf = layer.name.rpartition(".")
         source = (block.rpartition(".")[0], SHARED_INPUTS.get(leaf, leaf))
@@ -193,11 +211,13 @@ def one_read_floor_bytes(layers: list[Layer], tokens: int, *, micro_steps: int =
         fwd, dgrad, wgrad = (Strategy.parse(s) != Strategy.BF16 for s in (layer.forward, layer.dgrad, layer.wgrad))
         if (fwd or wgrad) and source not in sources:
             sources.add(source)
-            read += INPUT_BYTES * T * n_in
-        read += INPUT_BYTES * n_out * n_in * (fwd or dgrad) + INPUT_BYTES * T * n_out * (dgrad or wgrad)
-        e4m3 = [(T, n_in), (n_out, n_in)] * fwd + [(n_in, n_out), (T, n_out)] * dgrad + [(n_out, T), (n_in, T)] * wgrad
-        write += sum(r * k + SCALE_BYTES_PER_ROW * r for r, k in e4m3)
-    return (read + write) * micro_steps
+            per_batch += INPUT_BYTES * T * n_in
+        per_batch += INPUT_BYTES * T * n_out * (dgrad or wgrad)
+        per_batch += written([(T, n_in)] * fwd + [(T, n_out)] * dgrad + [(n_out, T), (n_in, T)] * wgrad)
+        per_weight += INPUT_BYTES * n_out * n_in * (fwd or dgrad) + written(
+            [(n_out, n_in)] * fwd + [(n_in, n_out)] * dgrad
+        )
+    return per_batch * micro_steps + per_weight * weight_micro_steps
 
 
 def roofline(result: dict, copy_gb_per_s: float) -> dict | None:
@@ -208,10 +228,12 @@ def roofline(result: dict, copy_gb_per_s: float) -> dict | None:
     profiled = result.get("profile", {}).get("preparation", {})
     if not layers or "tokens_per_micro_step" not in result:
         return None
+    accum = result.get("accum", 1)
     passes = preparation_passes(
         layers,
         result["tokens_per_micro_step"],
-        micro_steps=result.get("accum", 1),
+        micro_steps=accum,
+        weight_micro_steps=1 if result.get("weight_operands_once_per_step") else accum,
         merged=result.get("merged", True),
         shared_folds=result.get("shared_folds", False),  # absent: a run recorded before folds were shared
     )
@@ -235,7 +257,12 @@ def roofline(result: dict, copy_gb_per_s: float) -> dict | None:
     total_bytes = sum(p.bytes for p in passes.values())
     total_ms = sum(r["ms"] for r in rows.values())
     floor_ms = total_bytes / copy_gb_per_s / 1e6
-    one_read_ms = one_read_floor_bytes(layers, result["tokens_per_micro_step"], micro_steps=result.get("accum", 1))
+    one_read_ms = one_read_floor_bytes(
+        layers,
+        result["tokens_per_micro_step"],
+        micro_steps=accum,
+        weight_micro_steps=1 if result.get("weight_operands_once_per_step") else accum,
+    )
     cuda_ms = result.get("profile", {}).get("cuda_ms")
     return {
         "copy_gb_per_s": copy_gb_per_s,

@@ -45,6 +45,9 @@ CALIBRATION_STEPS = 4  # forwards: enough to freeze a plan, not to judge its qua
 MODES = ("eager", "compile", "graph", "compile+graph")
 FASTEST = "fastest"
 FASTEST_MODES = ("compile+graph", "compile")  # what ``fastest`` tries, in order
+# A mode's suffix: W quantized on every micro-batch (training.weight_operands_once_per_step=false),
+# the A/B of the default under accumulation (e.g. "fastest-w-each").
+W_EACH = "-w-each"
 # The bench's names of the peer, torchao's float8 training: registered recipes, so the bench and
 # adahop train convert with one function (adahop.integrations.float8)
 PEERS = {"float8_tensorwise": "torchao_float8_tensorwise", "float8_rowwise": "torchao_float8_rowwise"}
@@ -218,6 +221,7 @@ def _trainer(recipe: str, case: Case, mode: str, settings: Settings, out: str):
             steps=1_000_000,
             device=settings.device,
             grad_accum=case.accum,
+            weight_operands_once_per_step=not mode.endswith(W_EACH),
             compile="compile" in mode,
             cuda_graph="graph" in mode,
         ),
@@ -311,6 +315,7 @@ def measure(recipe: str, case: Case, mode: str, settings: Settings = Settings())
             "tokens_per_micro_step": case.batch * case.seq_len,
             "accum": case.accum,
             "merged": "compile" in mode,  # compiled blocks merge equal quantize calls
+            "weight_operands_once_per_step": trainer.cfg.training.weight_operands_once_per_step and case.accum > 1,
             "shared_folds": True,  # and the folds of a shared Xᵀ with them (ops.fold_fp8, a node of its own)
             "profile": _profile(trainer.train_step, device),
         }
@@ -369,7 +374,8 @@ def run_case(case: Case, on_run: Callable[[dict], None] = lambda runs: None, set
 
     runs: dict[str, dict] = {}
     for recipe, requested in case.runs:
-        for mode in settings.fastest_modes if requested == FASTEST else (requested,):
+        base = requested.removesuffix(W_EACH)
+        for mode in [m + requested[len(base) :] for m in settings.fastest_modes] if base == FASTEST else (requested,):
             name = f"{recipe}/{mode}"
             if get_recipe(PEERS.get(recipe, recipe)).torchao_float8 and find_spec("torchao") is None:
                 runs[name] = {"error": "torchao is not installed"}
@@ -493,7 +499,8 @@ def run(cases: tuple[Case, ...] = CASES, partial: Path | None = None, settings: 
 def select_cases(keys: list[str], runs: list[str] | None = None, cases: tuple[Case, ...] = CASES) -> tuple[Case, ...]:
     """The cases named by ``keys`` (``Case.key``; all when empty), in the order given. With
     ``runs``, each runs exactly those named: "recipe/mode" in every case, "CASE:recipe/mode" in
-    one (mode one of ``MODES`` or ``fastest``); otherwise its default runs."""
+    one (mode one of ``MODES`` or ``fastest``, optionally followed by ``W_EACH``); otherwise its
+    default runs."""
     known = {c.key: c for c in cases}
     unknown = [k for k in keys if k not in known]
     if unknown:
@@ -505,10 +512,15 @@ def select_cases(keys: list[str], runs: list[str] | None = None, cases: tuple[Ca
     for name in runs:
         case_key, _, run = name.rpartition(":")
         recipe, _, mode = run.partition("/")
-        if recipe not in RECIPES or mode not in (*MODES, FASTEST) or (case_key and case_key not in known):
+        if (
+            recipe not in RECIPES
+            or mode.removesuffix(W_EACH) not in (*MODES, FASTEST)
+            or (case_key and case_key not in known)
+        ):
             raise ValueError(
                 f"unknown step run {name!r}; write [CASE:]RECIPE/MODE with RECIPE one of {RECIPES}, "
-                f"MODE one of {(*MODES, FASTEST)} and CASE one of {sorted(known)}"
+                f"MODE one of {(*MODES, FASTEST)} (+ {W_EACH!r}: W quantized every micro-batch) and CASE one "
+                f"of {sorted(known)}"
             )
         parsed.append((case_key, (recipe, mode)))
     return tuple(
