@@ -45,7 +45,7 @@ from ..transforms.hadamard import check_hadamard_args
 from .launch import QuantizeSpec, cdiv, quantize_spec, seed_pointer, zero_seed
 from .quantize_general import _quantize_mx_kernel
 from .quantize_mxfp4 import _quantize_cols_kernel, _quantize_rows_kernel
-from .quantize_tiling import GENERAL_COLWISE_TILING, QuantizeTiling, default_tiling
+from .quantize_tiling import COLWISE_SR_MAX_REGISTERS, GENERAL_COLWISE_TILING, QuantizeTiling, default_tiling
 
 
 @dataclass(frozen=True)
@@ -121,6 +121,8 @@ def _launch_plan(
         outputs = (None, ("data_ptr", "scale_ptr"))
         masked = M % 32 != 0 or N % tiling.block_n != 0
         constexprs.update(STRIDE_M=strides[0], BLOCK_N=tiling.block_n, MASKED=masked)
+        if spec.stochastic and not (masked or spec.scores) and tiling.max_registers is None:
+            constexprs["maxnreg"] = COLWISE_SR_MAX_REGISTERS
     else:
         kernel = _quantize_mx_kernel
         sizes = dict(M=M, N=N, stride_m=strides[0], stride_n=strides[1], m_padded=m_padded, n_padded=n_padded)
