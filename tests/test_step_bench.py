@@ -88,8 +88,8 @@ def test_roofline_bytes_are_what_the_layer_reads_and_writes(recipe, plan, monkey
 
 @pytest.mark.parametrize("plan", [("iht", "iht", "iht"), ("oe_right", "oe_right", "mxfp4")])
 def test_roofline_counts_weight_passes_once_per_step_where_they_are_kept(plan, monkeypatch):
-    """Three micro-batches inside ``weight_operands_cached``: W's quantize passes (its selection and
-    Wᵀ's fold with them) run once, the others three times, as the model says."""
+    """Three micro-batches inside ``weight_operands_cached``: W's quantize passes (and selection)
+    run once, the others (Wᵀ's fold included) three times, as the model says."""
     from adahop.nn import weight_operands_cached
 
     monkeypatch.setattr(ops, "folds_into_fp8", lambda device, n: True)

@@ -121,8 +121,8 @@ def preparation_passes(
     ``tokens`` tokens; ``merged``: equal quantize calls of layers sharing an input counted once
     (compiled blocks), and, with ``shared_folds``, the folds of the Xᵀ they share.
     ``weight_micro_steps``: the micro-batches that quantize W (1 where W's operands are kept over
-    the step, ``training.weight_operands_once_per_step``; ``micro_steps`` by default); the fold of
-    the kept Wᵀ with them where eager (``ops.fold_fp8`` keeps it), in each backward where compiled."""
+    the step, ``training.weight_operands_once_per_step``; ``micro_steps`` by default); the kept Wᵀ
+    is still folded in each backward (``ops.fold_fp8`` keeps no fold)."""
     weight_micro_steps = micro_steps if weight_micro_steps is None else weight_micro_steps
     per_batch: dict[str, FamilyBytes] = defaultdict(FamilyBytes)
     per_weight: dict[str, FamilyBytes] = defaultdict(FamilyBytes)  # the passes on W, Wᵀ
@@ -177,7 +177,7 @@ def preparation_passes(
             wt_scores, dy_scores = dgrad is Strategy.OE_RIGHT, dgrad is Strategy.OE_LEFT
             add(QUANTIZE_COLS, _quantize_bytes(n_in, n_out, folded=False, scores=wt_scores), weight=True)
             add(QUANTIZE_FOLD, _quantize_bytes(T, n_out, folded=True, scores=dy_scores))
-            add(FOLD, _fold_bytes(n_in, n_out), weight=not merged)
+            add(FOLD, _fold_bytes(n_in, n_out))
             if wt_scores:
                 select(n_in, weight=True)
             if dy_scores:
