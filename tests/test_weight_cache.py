@@ -319,15 +319,17 @@ def test_trainer_quantizes_weights_once_per_step(small_overrides, tmp_path, one_
 def test_trainer_compiled_blocks_quantize_weights_once_per_step(small_overrides, tmp_path, one_thread):
     """With compiled blocks the trainer quantizes each W once per optimizer step too (the first
     micro-batch's graph quantizes and keeps, the later ones' read), bit for bit the run that
-    quantizes W on every micro-batch."""
+    quantizes W on every micro-batch, through the late switch of the forward to BF16 (new graphs,
+    which keep Wᵀ only)."""
     from adahop.nn import adahop_layers
     from adahop.train import Trainer, load_config
 
-    steps, accum = 3, 3
+    steps, accum = 4, 3
 
     def run(out, **knob):
         extra = {
             "recipe": "mxfp4_hadamard",
+            "recipe__bf16_forward_after": 0.5,  # steps 3 and 4
             "training__steps": steps,
             "training__grad_accum": accum,
             "training__compile": True,
@@ -337,14 +339,15 @@ def test_trainer_compiled_blocks_quantize_weights_once_per_step(small_overrides,
         trainer = Trainer(load_config(None, small_overrides(out, **extra)), progress=False)
         layers = adahop_layers(trainer.model).values()
         with WeightQuantizeCount([layer.weight for layer in layers]) as made:
-            for _ in range(steps):  # the steps alone (no validation)
+            for _ in range(steps):  # the steps alone (no validation), counted as train() counts them
                 trainer.train_step()
+                trainer.step += 1
         assert all(block._compiled_call_impl is not None for block in trainer.model.layers)
         return trainer.model.state_dict(), made.count, len(layers)
 
     cached, made, layers = run(tmp_path / "cached")
-    assert made == steps * 2 * layers  # W and Wᵀ of every layer, once a step
+    assert made == (2 * 2 + 2 * 1) * layers  # W and Wᵀ of every layer once a step; Wᵀ alone after the switch
     uncached, made, _ = run(tmp_path / "uncached", training__weight_operands_once_per_step=False)
-    assert made == steps * accum * 2 * layers
+    assert made == (2 * 2 + 2 * 1) * accum * layers
     for key, value in cached.items():
         assert torch.equal(value, uncached[key]), key

@@ -354,9 +354,11 @@ class Trainer:
         traces) but run its BF16 graph for a few steps only; a frozen plan never changes again."""
         if self._compiled or not self.cfg.training.compile or self.phase == "calibrating":
             return
-        # Blocks with other plans are other graphs, and so is each variant of weight_operands_cached
-        # (W quantized and kept, W's kept operands read) beside the evaluation's.
-        reserve_compiled_graphs(3 * len(self.model.layers))
+        # Blocks with other plans are other graphs (so are the plans of the late BF16 forward), and so
+        # is each variant of weight_operands_cached (W quantized and kept, W's kept operands read)
+        # beside the evaluation's.
+        plans = 1 if self.cfg.recipe.bf16_forward_after is None else 2
+        reserve_compiled_graphs(3 * plans * len(self.model.layers))
         self.model.compile_blocks(self.cfg.training.compile_backend)
         self._compiled = True
         log.info(
