@@ -237,6 +237,27 @@ def test_saved_activation_memory_is_about_4x_below_bf16():
         assert 3.7 < ratio < 3.8, ratio  # 2 bytes -> 0.5 + 1/32 bytes per element
 
 
+@pytest.mark.parametrize("dgrad", ["oe_left", "bf16"])
+def test_high_precision_wt_is_cast_again_in_backward_not_kept(dgrad):
+    """dgrad's BF16 Wᵀ (a BF16 dgrad, or OE-left's other side) is cast again from the parameter in
+    backward: autocast's copy of W is not kept between forward and backward (2 bytes per weight)."""
+    layer = layer_with_plan(LayerPlan("iht", dgrad, "iht"), bias=False)  # in 64, out 96, float32
+    x = torch.randn(64, 64, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        kept = saved_activation_bytes(layer, x)
+    xt = 64 * (64 // 2 + 64 // 32)  # Xᵀ [in, T] in MXFP4: half a byte per element, a scale per 32
+    wt = 64 * (96 // 2 + 96 // 32) if dgrad == "oe_left" else 0  # Wᵀ [in, out] in MXFP4 (OE-left's main path)
+    assert kept == xt + wt  # nothing weight-sized in BF16 (it was 64 * 96 * 2 bytes more)
+
+    g = torch.randn(64, 96)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = layer(x)
+    y.backward(g.to(y.dtype))
+    if dgrad == "bf16":  # the forward's BF16 W, bit for bit
+        assert torch.equal(x.grad, (g.bfloat16() @ layer.weight.bfloat16()).float())
+    assert x.grad.isfinite().all() and layer.weight.grad.dtype == torch.float32
+
+
 def test_state_dict_round_trip_keeps_the_plan():
     layer = layer_with_plan(plan_for_patterns("row", "none", "row", "lv2"))
     assert layer.plan.strategies() == {"forward": "oe_left", "dgrad": "oe_left", "wgrad": "iht"}

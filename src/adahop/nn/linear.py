@@ -16,7 +16,8 @@ Fixed recipes (``bf16``, ``mxfp4``, ``mxfp4_hadamard``) skip calibration. X and 
 dY rounds stochastically with Philox noise keyed by seeds drawn from torch's global generator,
 so ``torch.manual_seed`` fixes them and a resumed run (RNG state restored) draws the same noise.
 What backward needs is saved quantized: X along tokens (wgrad's K) and
-W along ``out`` (dgrad's K), BF16 only for extracted outlier rows. ``recipe.backward_rounding =
+W along ``out`` (dgrad's K), BF16 only for extracted outlier rows; a BF16 Wᵀ (dgrad in BF16, or
+OE-left's other side) is cast again from the parameter in backward, not kept from the forward. ``recipe.backward_rounding =
 "stochastic"`` rounds those two saved copies stochastically too, with seeds of their own.
 ``recipe.weight_blocks = "2d"`` quantizes W once in square tiles for the forward and dgrad (the
 saved Wᵀ is then the forward's W, rounded as the forward rounds it).
@@ -92,6 +93,14 @@ def _weight_operand(cfg: GemmConfig, slot: str, key: tuple, make: Callable[[], A
     return cfg.weight_cache.get(slot, cfg.weight_param, key, make)
 
 
+def _dgrad_operand(weight: torch.Tensor, cfg: GemmConfig, seed: torch.Tensor | int = 0) -> GemmOperand:
+    """Wᵀ as dgrad's R, without its high-precision form (a BF16 dgrad, or OE-left's other side): the
+    autograd function casts that again from the parameter in backward, so neither the step's kept
+    operands nor the saved tensors hold a BF16 copy of W."""
+    wt = prepare_operand(weight.t(), cfg.plan.dgrad, "R", cfg.saved, oe_k=cfg.oe_k, seed=seed)
+    return dataclasses.replace(wt, dense=None) if wt.dense is not None else wt
+
+
 def _weight_operands(weight: torch.Tensor, cfg: GemmConfig, obtain: Callable[..., Any]) -> dict[str, Any]:
     """W's operands for the forward and dgrad GEMMs by slot, each from ``obtain(slot, key, make)``
     (which may keep it over the optimizer step's micro-batches): ``"tiles"`` (both from one 2-D tile
@@ -109,16 +118,22 @@ def _weight_operands(weight: torch.Tensor, cfg: GemmConfig, obtain: Callable[...
         make = functools.partial(prepare_operand, weight, plan.forward, "R", cfg.act, oe_k=cfg.oe_k, fold=fold)
         operands["forward"] = obtain("forward", (plan.forward, weight.dtype, fold), make)
     if not isinstance(cfg.wt_seed, torch.Tensor):
-        make = functools.partial(prepare_operand, weight.t(), plan.dgrad, "R", cfg.saved, oe_k=cfg.oe_k)
-        operands["dgrad"] = obtain("dgrad", (plan.dgrad, weight.dtype), make)
+        operands["dgrad"] = obtain("dgrad", (plan.dgrad, weight.dtype), functools.partial(_dgrad_operand, weight, cfg))
     return operands
 
 
 class _AdaHOPLinearFn(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx, x: torch.Tensor, weight: torch.Tensor, cfg: GemmConfig, w_operands: dict[str, Any] | None = None
+        ctx,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        source: torch.Tensor | None,
+        cfg: GemmConfig,
+        w_operands: dict[str, Any] | None = None,
     ) -> torch.Tensor:
+        """``weight``: W as the GEMMs read it; ``source``: the parameter it was cast from (autocast), or None
+        when it is the parameter. Kept for backward at no cost, so a high-precision Wᵀ is cast again there."""
         plan = cfg.plan
         # W's operands: gathered already quantized by FSDP2 (``nn.fsdp``), or made before this function
         # (``w_operands``: a compiled or captured forward keeps them there), or made here, kept over an
@@ -145,9 +160,12 @@ class _AdaHOPLinearFn(torch.autograd.Function):
         elif "dgrad" in w_operands:
             dgrad_r = w_operands["dgrad"]
         else:  # rounded with this forward's own key
-            dgrad_r = prepare_operand(weight.t(), plan.dgrad, "R", cfg.saved, oe_k=cfg.oe_k, seed=cfg.wt_seed)
+            dgrad_r = _dgrad_operand(weight, cfg, seed=cfg.wt_seed)
+        # A high-precision Wᵀ (dgrad in BF16, or beside OE-left's extracted rows) is cast again from
+        # ``source`` in backward rather than kept: autocast's copy of W would stay alive until then.
+        ctx.recast = w_tiles is None and plan.dgrad in (Strategy.BF16, Strategy.OE_LEFT)
         (w_parts, w_meta), (d_parts, d_meta) = wgrad_r.pack(), dgrad_r.pack()
-        ctx.save_for_backward(*w_parts, *d_parts)
+        ctx.save_for_backward(*w_parts, *d_parts, (weight if source is None else source) if ctx.recast else None)
         ctx.split, ctx.metas, ctx.cfg = len(w_parts), (w_meta, d_meta), cfg
         ctx.dtypes = (x.dtype, weight.dtype)
         ctx.dgrad_fold = ops.folds_into_fp8(x.device, weight.shape[1])  # dgrad writes [T, in]
@@ -156,10 +174,12 @@ class _AdaHOPLinearFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
         cfg, plan = ctx.cfg, ctx.cfg.plan
-        saved = ctx.saved_tensors
-        wgrad_r = GemmOperand.unpack(list(saved[: ctx.split]), ctx.metas[0])
-        dgrad_r = GemmOperand.unpack(list(saved[ctx.split :]), ctx.metas[1])
+        *saved, source = ctx.saved_tensors
+        wgrad_r = GemmOperand.unpack(saved[: ctx.split], ctx.metas[0])
+        dgrad_r = GemmOperand.unpack(saved[ctx.split :], ctx.metas[1])
         x_dtype, w_dtype = ctx.dtypes
+        if ctx.recast:  # the forward's cast, bit for bit; of the transposed view, so that a compiled graph
+            dgrad_r.dense = source.t().to(w_dtype)  # does not merge it with the forward's cast and keep that
         grad_x = grad_w = None
         if ctx.needs_input_grad[0]:
             l = prepare_operand(
@@ -169,7 +189,7 @@ class _AdaHOPLinearFn(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             l = prepare_operand(grad_out.t(), plan.wgrad, "L", cfg.grad, oe_k=cfg.oe_k, seed=cfg.wgrad_seed)
             grad_w = tn_matmul(l, wgrad_r, w_dtype, fast_accum=cfg.grad_fast_accum)
-        return grad_x, grad_w, None, None
+        return grad_x, grad_w, None, None, None
 
 
 class AdaHOPLinear(nn.Linear):
@@ -417,7 +437,8 @@ class AdaHOPLinear(nn.Linear):
             if kept.mode != OFF and cfg.weight_cache is None:  # compiled or captured: kept here, not inside
                 with torch.no_grad():
                     w_operands = _weight_operands(weight.detach(), cfg, kept.operand)
-            y = _AdaHOPLinearFn.apply(x.reshape(-1, self.in_features), weight, cfg, w_operands)
+            source = None if weight is self.weight else self.weight  # not passed twice: dynamo refuses it
+            y = _AdaHOPLinearFn.apply(x.reshape(-1, self.in_features), weight, source, cfg, w_operands)
         y = y.reshape(*x.shape[:-1], self.out_features)
         return y if bias is None else y + bias
 
