@@ -28,6 +28,14 @@ QUANTIZE_KERNELS = {
 }
 
 
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    """The compiled tests' graphs and the shapes they saw stay here: a later test that compiles
+    AdaHOPLinear would otherwise recompile it with dynamic shapes."""
+    yield
+    torch._dynamo.reset()
+
+
 class Stack(nn.Module):
     def __init__(self, recipe, recompute: bool = False) -> None:
         super().__init__()
