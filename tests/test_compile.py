@@ -90,6 +90,16 @@ def test_compiled_model_matches_eager_without_graph_breaks_or_recompiles(grad_ro
     assert len(used) == (6 if grad_rounding == "stochastic" else 0) and len(set(used)) == len(used)
 
 
+def test_dynamic_shapes_compile_and_match_eager():
+    """A batch of another length (the last batch of an epoch, a run with ``dynamic=True``) makes the
+    token count symbolic; the GEMM route depends on it only through a guard on its divisibility."""
+    eager = make_model("nearest")
+    run = torch.compile(copy.deepcopy(eager), backend="aot_eager", dynamic=True, fullgraph=True)
+    for tokens in (64, 96):
+        x = torch.randn(tokens, 64)
+        assert torch.equal(run(x), eager(x))
+
+
 def test_fake_kernels_give_shapes_on_meta():
     from adahop import ops
 

@@ -355,7 +355,6 @@ def route_of(device: torch.device, n: int, fmt: str = "mxfp4", block_size: int =
     return gemm_route(device, n, fmt, block_size, kernels=_kernels_enabled)
 
 
-@torch.compiler.assume_constant_result  # a property of the device: torch.compile evaluates it once
 def folds_into_fp8(device: torch.device, n: int) -> bool:
     """Whether an MXFP4 GEMM with ``n`` output columns on ``device`` takes the fold_fp8 route, so
     that operands it consumes right away are best quantized straight into folded FP8."""

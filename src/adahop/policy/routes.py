@@ -48,7 +48,6 @@ def device_capability(device: torch.device) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device)
 
 
-@torch.compiler.assume_constant_result  # a property of the device and the shapes: evaluated once per graph
 def gemm_route(
     device: torch.device, n: int, fmt: str = "mxfp4", block_size: int = 32, *, kernels: bool = True
 ) -> GemmRoute:
@@ -60,11 +59,19 @@ def gemm_route(
     take dequant_bf16. Row-wise FP8 (``fmt="fp8_e4m3_rowwise"``, no blocks) takes fold_fp8's
     cuBLAS GEMM where MXFP4 would, else the reference.
     """
+    # Only n's divisibility matters. Branching on it here turns a symbolic n (a graph compiled with
+    # dynamic shapes) into a guard, where the constant function below could not take it.
+    if n % SCALED_MM_ALIGN == 0:
+        return _route(device, True, fmt, block_size, kernels)
+    return _route(device, False, fmt, block_size, kernels)
+
+
+@torch.compiler.assume_constant_result  # a property of the device and the format: evaluated once per graph
+def _route(device: torch.device, aligned: bool, fmt: str, block_size: int, kernels: bool) -> GemmRoute:
     if device.type == "cuda" and kernels and fmt == ROWWISE_FP8:
-        aligned = device_capability(device) == HOPPER and not n % SCALED_MM_ALIGN
-        return GemmRoute.FOLD_FP8 if aligned else GemmRoute.REFERENCE
+        return GemmRoute.FOLD_FP8 if device_capability(device) == HOPPER and aligned else GemmRoute.REFERENCE
     if device.type != "cuda" or not kernels or (fmt, block_size) != KERNEL_FORMAT:
         return GemmRoute.REFERENCE
-    if device_capability(device) != HOPPER or n % SCALED_MM_ALIGN:
+    if device_capability(device) != HOPPER or not aligned:
         return GemmRoute.DEQUANT_BF16
     return GemmRoute.FOLD_FP8
