@@ -86,6 +86,12 @@ class GemmConfig:
     weight_param: torch.Tensor | None = None  # the parameter (the forward's weight may be its autocast copy)
 
 
+def _forward_folds(weight: torch.Tensor, cfg: GemmConfig) -> bool:
+    """Whether the forward's L and R are quantized straight into folded FP8: both are used at once,
+    on the fold_fp8 route (never under ``forward_gemm = "reference"``)."""
+    return ops.folds_into_fp8(weight.device, weight.shape[0]) and not cfg.forward_reference
+
+
 def _weight_operand(cfg: GemmConfig, slot: str, key: tuple, make: Callable[[], Any]) -> Any:
     """``make()``, or what it made for this parameter and ``key`` earlier in the optimizer step."""
     if cfg.weight_cache is None:
@@ -113,8 +119,7 @@ def _weight_operands(weight: torch.Tensor, cfg: GemmConfig, obtain: Callable[...
         return {"tiles": obtain("tiles", (plan.forward, plan.dgrad, weight.dtype), make)}
     operands = {}
     if plan.forward is not Strategy.BF16:
-        # Used at once: folded straight from the quantizer on the fold_fp8 route.
-        fold = ops.folds_into_fp8(weight.device, weight.shape[0]) and not cfg.forward_reference
+        fold = _forward_folds(weight, cfg)
         make = functools.partial(prepare_operand, weight, plan.forward, "R", cfg.act, oe_k=cfg.oe_k, fold=fold)
         operands["forward"] = obtain("forward", (plan.forward, weight.dtype, fold), make)
     if not isinstance(cfg.wt_seed, torch.Tensor):
@@ -146,8 +151,7 @@ class _AdaHOPLinearFn(torch.autograd.Function):
         if plan.forward is Strategy.BF16:
             y = F.linear(x, weight)
         else:
-            # Both operands are used at once: folded straight from the quantizer on the fold_fp8 route.
-            fold = ops.folds_into_fp8(x.device, weight.shape[0]) and not cfg.forward_reference
+            fold = _forward_folds(weight, cfg)
             l = prepare_operand(x, plan.forward, "L", cfg.act, oe_k=cfg.oe_k, fold=fold)
             r = w_tiles[0] if w_tiles else w_operands["forward"]
             y = tn_matmul(l, r, x.dtype, reference=cfg.forward_reference)

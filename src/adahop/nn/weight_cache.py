@@ -61,6 +61,12 @@ def caching() -> bool:
     return not capturing()
 
 
+def unchanged(alias: torch.Tensor, version: int, tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is still what ``alias`` (kept alive, so its address is not reused) held at
+    ``version``: the same storage, not written since."""
+    return alias.data_ptr() == tensor.data_ptr() and version == tensor._version
+
+
 class OperandCache:
     """One layer's kept operands, per source tensor kind (``slot``), valid while W is unchanged."""
 
@@ -77,12 +83,7 @@ class OperandCache:
         if not caching():
             return make()
         entry = self._entries.get(slot)
-        if (
-            entry is not None
-            and entry.key == key
-            and entry.source.data_ptr() == source.data_ptr()
-            and entry.version == source._version
-        ):
+        if entry is not None and entry.key == key and unchanged(entry.source, entry.version, source):
             return entry.value
         self.made += 1
         value = make()
@@ -128,8 +129,7 @@ class KeptOperands:
         """Whether the kept operands were made from ``weight`` as it is now."""
         if not self.entries or self.source is None:
             return False
-        source, version = self.source
-        return source.data_ptr() == weight.data_ptr() and version == weight._version
+        return unchanged(*self.source, weight)
 
     def start(self, weight: torch.Tensor) -> None:
         """Before a micro-batch: ``REUSE`` what was made from W as it is now, else ``MAKE`` afresh."""
