@@ -28,24 +28,55 @@ from pathlib import Path
 
 import torch
 
+from live_tensors import tensors_in  # this folder's
+
 from adahop.bench.step import CALIBRATION_STEPS, CASES, DRY_RUN, DRY_RUN_CASES, FASTEST_MODES, Settings, _trainer
+from adahop.train import trainer as trainer_module
 
 GIB = 2**30
 
 
-def _pools() -> dict[str, float]:
-    """GiB of reserved segments by memory pool: ``default`` (the streams' own) or a graph pool's id."""
-    pools: dict[str, float] = defaultdict(float)
+def _pools() -> dict[str, dict[str, float]]:
+    """Per memory pool (``default``, the streams' own, or a graph pool's id): GiB reserved, allocated, and
+    free inside segments that also hold a live block (``pinned_free``: ``empty_cache`` cannot return them,
+    and a graph's private pool cannot use the default pool's), and the segment count."""
+    pools: dict[str, dict[str, float]] = defaultdict(lambda: {"reserved": 0.0, "allocated": 0.0, "pinned_free": 0.0})
     for segment in torch.cuda.memory_snapshot():
         pool = segment.get("segment_pool_id", (0, 0))
-        pools["default" if tuple(pool) == (0, 0) else f"graph {tuple(pool)}"] += segment["total_size"] / GIB
+        row = pools["default" if tuple(pool) == (0, 0) else f"graph {tuple(pool)}"]
+        row["reserved"] += segment["total_size"] / GIB
+        row["allocated"] += segment["allocated_size"] / GIB
+        if segment["allocated_size"]:
+            row["pinned_free"] += (segment["total_size"] - segment["allocated_size"]) / GIB
+        row["segments"] = row.get("segments", 0) + 1
     return dict(pools)
 
 
-def _phase(name: str, cuda: bool) -> dict:
-    """This phase's peaks and the allocator's state at its end; resets the peaks for the next one."""
+def _held(trainer) -> dict[str, float]:
+    """GiB of what the run holds besides activations: parameters, gradients, optimizer state, and W's
+    operands kept over an optimizer step's micro-batches (the graphs' ``GraphOperands``)."""
+
+    def gib(tensors) -> float:
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors if t is not None}
+        return sum(storages.values()) / GIB
+
+    params = list(trainer.model.parameters())
+    state = [t for s in trainer.optimizer.state.values() for t in s.values() if torch.is_tensor(t) and t.dim()]
+    graphed = trainer._graphed
+    kept = [] if graphed is None or graphed._operands.kept is None else list(tensors_in(graphed._operands.kept))
+    return {
+        "parameters": gib(params),
+        "gradients": gib(p.grad for p in params),
+        "optimizer_state": gib(state),
+        "kept_w_operands": gib(kept),
+    }
+
+
+def _phase(name: str, cuda: bool, trainer) -> dict:
+    """This phase's peaks, the allocator's state at its end and what the run holds then; resets the
+    peaks for the next one."""
     if not cuda:
-        return {"phase": name}
+        return {"phase": name, "held_gib": _held(trainer)}
     torch.cuda.synchronize()
     stats = torch.cuda.memory_stats()
     row = {
@@ -57,6 +88,7 @@ def _phase(name: str, cuda: bool) -> dict:
         "inactive_split_gib": stats["inactive_split_bytes.all.current"] / GIB,
         "segments": stats["segment.all.current"],
         "pools_gib": _pools(),
+        "held_gib": _held(trainer),
     }
     torch.cuda.reset_peak_memory_stats()
     return row
@@ -68,24 +100,24 @@ def run(recipe: str, case_key: str, mode: str, settings: Settings, snapshot: Pat
     rows = []
     with tempfile.TemporaryDirectory() as out:
         trainer = _trainer(recipe, case, mode, settings, out)
-        rows.append(_phase("model and optimizer built", cuda))
+        rows.append(_phase("model and optimizer built", cuda, trainer))
         for _ in range(2 * CALIBRATION_STEPS):
             if trainer.phase != "calibrating":
                 break
             trainer.train_step()
-        rows.append(_phase("calibration", cuda))
+        rows.append(_phase("calibration", cuda, trainer))
         trainer.train_step()  # compiles the blocks; under graphs, the eager warm-up on a side stream
-        rows.append(_phase("first frozen step (compile, warm-up)", cuda))
+        rows.append(_phase("first frozen step (compile, warm-up)", cuda, trainer))
         if snapshot is not None and cuda:
             torch.cuda.memory._record_memory_history(max_entries=200_000)
         trainer.train_step()  # under graphs: the capture, then its first replay
         if snapshot is not None and cuda:
             torch.cuda.memory._dump_snapshot(str(snapshot))
             torch.cuda.memory._record_memory_history(enabled=None)
-        rows.append(_phase("second frozen step (graph capture)", cuda))
+        rows.append(_phase("second frozen step (graph capture)", cuda, trainer))
         for _ in range(steady):
             trainer.train_step()
-        rows.append(_phase(f"{steady} steady steps", cuda))
+        rows.append(_phase(f"{steady} steady steps", cuda, trainer))
         rows[-1]["graph_captured"] = trainer.graph_captured
     return rows
 
@@ -99,16 +131,24 @@ def main() -> None:
     parser.add_argument("--snapshot", action="store_true", help="record the allocator's history of the capture step")
     parser.add_argument("--steady-steps", type=int, default=4)
     parser.add_argument("--dry-run", action="store_true", help="the tiny model on the CPU: plumbing only")
+    parser.add_argument(
+        "--lazy-optimizer-state",
+        action="store_true",
+        help="the optimizer state made by the first step, as before train.optim.allocate_state (the A/B of that fix)",
+    )
     a = parser.parse_args()
+    name = a.recipe + ("+lazy-state" if a.lazy_optimizer_state else "")
+    if a.lazy_optimizer_state:
+        trainer_module.allocate_state = lambda optimizer: None
     settings, case, mode = (DRY_RUN, DRY_RUN_CASES[0].key, "eager") if a.dry_run else (Settings(), a.case, a.mode)
-    snapshot = a.out / f"snapshot-{a.recipe}.pickle" if a.snapshot and a.out else None
+    snapshot = a.out / f"snapshot-{name}.pickle" if a.snapshot and a.out else None
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)
     rows = run(a.recipe, case, mode, settings, snapshot, a.steady_steps)
     for row in rows:
-        print(json.dumps(row))
+        print(json.dumps({"run": name} | row))
     if a.out:
-        (a.out / f"memory-{a.recipe}.json").write_text(json.dumps(rows, indent=1) + "\n")
+        (a.out / f"memory-{name}.json").write_text(json.dumps(rows, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@
 #
 #   CASE=llama3_1b_8x2048 RECIPES="bf16 float8_tensorwise adahop_lv1_bf16_forward adahop_lv2" \
 #     SNAPSHOT=adahop_lv2 bash benchmarks/step/memory_phases_h200.sh        # ~6 min
+# A recipe written RECIPE+lazy-state runs with the optimizer state made by the first step (as before
+# train.optim.allocate_state): the A/B of that fix, e.g. RECIPES="adahop_lv2 adahop_lv2+lazy-state".
 #   DRY=1 OUT=/tmp/phases bash benchmarks/step/memory_phases_h200.sh          # the plumbing, on the CPU
 set -uo pipefail
 CASE=${CASE:-llama3_1b_8x2048}
@@ -19,11 +21,13 @@ fi
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 dir=$OUT/memory-$CASE
 mkdir -p "$dir"
-for recipe in $RECIPES; do
+for run in $RECIPES; do
+  recipe=${run%+lazy-state}
   args=(--recipe "$recipe" --case "$CASE" --out "$dir")
+  [ "$run" != "$recipe" ] && args+=(--lazy-optimizer-state)
   [ "$DRY" = 1 ] && args+=(--dry-run)
-  [ "$recipe" = "$SNAPSHOT" ] && args+=(--snapshot)
-  echo "== $(date -u +%T) $recipe"
+  [ "$run" = "$SNAPSHOT" ] && args+=(--snapshot)
+  echo "== $(date -u +%T) $run"
   python3 benchmarks/step/memory_phases.py "${args[@]}" 2>&1 | tee -a "$dir/memory.log" | grep '"phase"' \
-    || echo "$recipe failed (see $dir/memory.log)"
+    || echo "$run failed (see $dir/memory.log)"
 done

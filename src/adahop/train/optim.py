@@ -22,6 +22,30 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, device: torch.device) ->
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, fused=runs_fused(device))
 
 
+def allocate_state(optimizer: torch.optim.AdamW) -> None:
+    """AdamW's state for every parameter that has none, made now as its first step would make it:
+    zero moments, and the step count on the device for the fused kernel, on the host otherwise.
+
+    Why before the first step: made by that step, the moments (8 bytes per parameter) are allocated
+    on the GPU inside the blocks its forward and backward just freed, and the caching allocator
+    cannot return a segment while any block of it is in use. After eager calibrating steps the
+    captured graphs allocate a private pool of their own, so the free part of those segments can stay
+    reserved, unused, for the whole run (issue 30). Made first, the moments get segments of their own.
+    """
+    for group in optimizer.param_groups:
+        # torch's own choice (torch.optim.Adam._init_group); tests/test_optim_state.py compares with it
+        default = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
+        step_dtype = torch.float32 if group["fused"] else default
+        on_device = group["fused"] or group["capturable"]
+        for p in group["params"]:
+            state = optimizer.state[p]
+            if state:
+                continue
+            state["step"] = torch.zeros((), dtype=step_dtype, device=p.device if on_device else "cpu")
+            for name in ("exp_avg", "exp_avg_sq", *(("max_exp_avg_sq",) if group["amsgrad"] else ())):
+                state[name] = torch.zeros_like(p, memory_format=torch.preserve_format)
+
+
 def runs_fused(device: torch.device) -> bool:
     """PyTorch's fused AdamW on CUDA (one kernel, and ``found_inf`` refuses a step on the device);
     the single-tensor one elsewhere (the CPU's fused kernel rounds differently from it)."""

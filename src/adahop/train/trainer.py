@@ -72,7 +72,7 @@ from .distributed import (
 from .graphs import GraphedMicroStep
 from .metrics import METRICS_FILE, PLOT_FILE, RESUME_KIND, MetricsLogger, PeakMemory, plot_losses, read_metrics
 from .nonfinite import PendingSteps, StepFigures, step_unless_non_finite
-from .optim import apply_hyperparameters, build_lr_scheduler, build_optimizer
+from .optim import allocate_state, apply_hyperparameters, build_lr_scheduler, build_optimizer
 from .rng import set_rng_state
 from .sharded_checkpoint import load_full, load_sharded, remove_partial_checkpoints, restore_rng, save_sharded
 from .stopping import StopRequest, Terminated
@@ -187,6 +187,7 @@ class Trainer:
         self.memory = PeakMemory(self.device)
         if checkpoint is not None:
             self._resume_from(*checkpoint)
+        allocate_state(self.optimizer)  # before any step: in segments of its own (optim.allocate_state)
         self.scheduler = build_lr_scheduler(self.optimizer, cfg.optim, cfg.training.steps, self.step)
         if self.env.is_main:
             stale = remove_stale_temp_files(self.run_dir / CHECKPOINT_DIR) + remove_stale_temp_files(self.run_dir)
