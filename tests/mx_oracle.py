@@ -3,15 +3,15 @@
 Nothing here imports adahop. Scales come from float64 ``frexp`` of the block maximum (the
 definitions in ``adahop.formats.scales``' docstring, not its bit tricks), round-to-nearest from
 ``ml_dtypes`` casts, stochastic rounding from integer arithmetic,
-``steps = floor(|y| / quantum * 2**16 + n) // 2**16`` with ``n`` the 16 noise bits, and those bits
+``steps = floor(|y| / quantum * 2**8 + n) // 2**8`` with ``n`` the 8 noise bits, and those bits
 from a Philox4x32-10 written here in plain Python integers (Random123's definition) and indexed as
-the documented stream (``adahop.formats.philox``): the element at storage offset ``o`` takes half
-``o % 2`` (low half first) of word ``(o // 2) % 4`` of the call with counter ``(o // 8, 0, 0, 0)``.
+the documented stream (``adahop.formats.philox``): the element at storage offset ``o`` takes byte
+``o % 4`` (lowest first) of word ``(o // 4) % 4`` of the call with counter ``(o // 16, 0, 0, 0)``.
 
 ``adversarial_blocks`` builds inputs aimed at the places where a plausible bug shows: block maxima
 that are exact powers of two (where the floor and ceil rules differ) or sit at the next binade,
 and elements whose fixed-point steps plus *their own* Philox noise land exactly on, or a fraction
-of a 2**-16 step below, an integer (where truncating differently changes the result).
+of a 2**-8 step below, an integer (where truncating differently changes the result).
 """
 
 from __future__ import annotations
@@ -45,18 +45,18 @@ def philox4x32_10(counter: tuple[int, int, int, int], key: tuple[int, int]) -> t
 @functools.lru_cache(maxsize=16)
 def _noise_prefix(seed: int, n: int) -> np.ndarray:
     key = (seed & MASK32, (seed >> 32) & MASK32)
-    out = np.empty(-(-n // 8) * 8, dtype=np.int64)
-    for call in range(len(out) // 8):
+    out = np.empty(-(-n // 16) * 16, dtype=np.int64)
+    for call in range(len(out) // 16):
         words = philox4x32_10((call & MASK32, call >> 32, 0, 0), key)
         for w, word in enumerate(words):
-            out[8 * call + 2 * w] = word & 0xFFFF
-            out[8 * call + 2 * w + 1] = word >> 16
+            for b in range(4):
+                out[16 * call + 4 * w + b] = (word >> (8 * b)) & 0xFF
     out.setflags(write=False)
     return out[:n]
 
 
 def noise_bits(seed: int | None, n: int) -> np.ndarray:
-    """The 16 noise bits (int64) of storage offsets 0..n-1 for ``seed`` (None is 0)."""
+    """The 8 noise bits (int64) of storage offsets 0..n-1 for ``seed`` (None is 0)."""
     return _noise_prefix((0 if seed is None else seed) % 2**64, n)
 
 
@@ -113,9 +113,9 @@ def quantize(
     else:
         _, e = np.frexp(a)
         quantum = np.exp2(np.maximum(e - 1, emin) - mbits).astype(np.float64)
-        fixed = np.floor(a / quantum * 2.0**16).astype(np.int64)  # exact: a has 24 bits at most
+        fixed = np.floor(a / quantum * 2.0**8).astype(np.int64)  # exact: a has 24 bits at most
         n = noise_bits(seed, v.size).reshape(v.shape)
-        q = np.minimum(((fixed + n) >> 16) * quantum, max_normal)
+        q = np.minimum(((fixed + n) >> 8) * quantum, max_normal)
     codes = np.copysign(q, y).astype(ml_type).view(np.uint8)
     codes = codes.reshape(*codes.shape[:-2], -1)
     if bits == 4:
@@ -132,7 +132,7 @@ def adversarial_blocks(
     Per block: element 0 is the block maximum, a power of two in 40% of blocks, at or one float32
     ulp below a binade (or ``even``-rule) boundary in 20%, random otherwise. Elements 1.. are, in
     shares 40/15/25/10/10: *SR boundaries* (fixed-point steps ``F`` with ``F + n`` equal to an
-    integer, or short of it by ``2**-16 - f`` with ``f`` in 1/2, 3/4, 15/16, for the element's
+    integer, or short of it by ``2**-8 - f`` with ``f`` in 1/2, 3/4, 15/16, for the element's
     own noise ``n``), *ties* (grid midpoints and one ulp either side), uniform random magnitudes
     below the maximum, values past ``max_normal`` (they saturate where the rule lets them occur)
     and zeros. Blocks 0, 1 and 2 are a zero block, a NaN block and an Inf block.
@@ -155,7 +155,7 @@ def adversarial_blocks(
     ya = amax * np.exp2(-s)  # the scaled block maximum
     top = np.floor(np.log2(ya))[:, None] - 1  # binades whose values stay below ya
 
-    # SR boundaries: binade b (b < emin: the subnormal range), steps K - (n + 1 - d - f) / 2**16.
+    # SR boundaries: binade b (b < emin: the subnormal range), steps K - (n + 1 - d - f) / 2**8.
     b = np.floor(rng.random(shape) * (top - (emin - 2))) + (emin - 1)
     normal = b >= emin
     quantum = np.exp2(np.maximum(b, emin) - mbits)
@@ -164,10 +164,10 @@ def adversarial_blocks(
     n = noise_bits(seed, n_blocks * block).reshape(shape).astype(np.float64)
     d = rng.integers(0, 2, shape)
     f = np.array([0.0, 0.5, 0.75, 0.9375])[rng.integers(0, 4, shape)]
-    fixed = k * 2**16 - n - 1 + d + f
-    over = fixed >= 2.0 ** (np.where(normal, mbits + 1, mbits) + 16)  # left the binade: d = 0
+    fixed = k * 2**8 - n - 1 + d + f
+    over = fixed >= 2.0 ** (np.where(normal, mbits + 1, mbits) + 8)  # left the binade: d = 0
     fixed = np.where(over, fixed - d, fixed)
-    sr = fixed * 2.0**-16 * quantum
+    sr = fixed * 2.0**-8 * quantum
 
     # Ties: midpoints of the grid in binade b, exactly and one float32 ulp either side.
     j = np.where(normal, 2**mbits, 0) + np.floor(rng.random(shape) * np.where(normal, 2**mbits, 2**mbits))

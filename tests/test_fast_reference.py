@@ -152,14 +152,14 @@ def test_cached_counters_serve_every_call_of_a_shape():
 
 def test_noise_runs_are_noise_bits():
     for seed in (0, 7, 2**32 + 1, 2**40 + 3, 2**64 - 1):
-        counters = torch.tensor([0, 1, 2, 2**29 + 5, 2**32 - 1, 2**32, 2**40 + 9, 2**59 + 17])
-        want = philox.noise_bits(seed, counters[:, None] * 8 + torch.arange(8))
+        counters = torch.tensor([0, 1, 2, 2**29 + 5, 2**32 - 1, 2**32, 2**40 + 9, 2**58 + 17])
+        want = philox.noise_bits(seed, counters[:, None] * 16 + torch.arange(16))
         assert torch.equal(philox.noise_runs(seed, counters).long(), want)
         grid = torch.arange(24).view(2, 3, 4) * 1000003
-        want = philox.noise_bits(seed, grid.unsqueeze(2) * 8 + torch.arange(8).view(1, 1, 8, 1))
+        want = philox.noise_bits(seed, grid.unsqueeze(2) * 16 + torch.arange(16).view(1, 1, 16, 1))
         assert torch.equal(philox.noise_runs(seed, grid, dim=2).long(), want)
         stream = philox.noise_runs(seed, torch.arange(512)).flatten()
-        assert torch.equal(stream.long(), philox.noise_bits(seed, torch.arange(4096)))
+        assert torch.equal(stream.long(), philox.noise_bits(seed, torch.arange(8192)))
 
 
 @pytest.mark.parametrize("strategy,rounding", [("mxfp4", "nearest"), ("iht", "nearest"), ("iht", "stochastic")])

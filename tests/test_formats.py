@@ -231,7 +231,7 @@ def test_stochastic_rounding_is_unbiased(fmt, rule):
     p = a / quantum - np.floor(a / quantum)  # probability of rounding up
     sigma = quantum * scale * np.sqrt(p * (1 - p) / n)
     inside = a <= MAX_NORMAL[fmt]
-    bound = 5 * sigma + 2.0**-16 * quantum * scale  # plus the bias of noise on a 2**-16 grid
+    bound = 5 * sigma + 2.0**-8 * quantum * scale  # plus the bias of noise on a 2**-8 grid (float32 input)
     assert (np.abs(mean - xd)[inside] <= bound[inside]).all()
     saturated = np.copysign(MAX_NORMAL[fmt] * scale, xd)[~inside]
     assert (values[:, ~inside] == saturated).all()
@@ -242,10 +242,10 @@ def test_stochastic_rounding_is_unbiased(fmt, rule):
 
 @pytest.mark.parametrize("fmt", (E2M1, E4M3, E5M2), ids=lambda f: f.name)
 def test_stochastic_rounding_adds_the_noise_exactly(fmt):
-    """round_to_element against integer arithmetic, floor(|v| / quantum * 2**16 + n) // 2**16.
+    """round_to_element against integer arithmetic, floor(|v| / quantum * 2**8 + n) // 2**8.
 
     Float32 inputs with all 24 bits, over the element range and its subnormals; two thirds of
-    the noise values are chosen so that the sum lands exactly on an integer or one 2**-16 step
+    the noise values are chosen so that the sum lands exactly on an integer or one 2**-8 step
     below it, where truncating the fixed-point steps any other way changes the result.
     """
     name = {"e2m1": "mxfp4", "e4m3": "mxfp8_e4m3", "e5m2": "mxfp8_e5m2"}[fmt.name]
@@ -255,15 +255,54 @@ def test_stochastic_rounding_adds_the_noise_exactly(fmt):
     v = (a * np.where(rng.random(size) < 0.5, -1, 1)).astype(np.float32)
     a = np.abs(v).astype(np.float64)
     quantum = element_quantum_oracle(a, name)
-    fixed = np.floor(a / quantum * 2.0**16).astype(np.int64)  # exact: a power-of-two scaling
+    fixed = np.floor(a / quantum * 2.0**8).astype(np.int64)  # exact: a power-of-two scaling
     choice = rng.integers(0, 3, size)
-    n = np.where(
-        choice == 0, (-fixed - 1) % 2**16, np.where(choice == 1, (-fixed) % 2**16, rng.integers(0, 2**16, size))
-    )
-    want = np.copysign(np.minimum(((fixed + n) >> 16) * quantum, fmt.max_normal), v)
-    got = round_to_element(torch.from_numpy(v), fmt, torch.from_numpy(n / 2.0**16).float())
+    n = np.where(choice == 0, (-fixed - 1) % 2**8, np.where(choice == 1, (-fixed) % 2**8, rng.integers(0, 2**8, size)))
+    want = np.copysign(np.minimum(((fixed + n) >> 8) * quantum, fmt.max_normal), v)
+    got = round_to_element(torch.from_numpy(v), fmt, torch.from_numpy(n / 2.0**8).float())
     assert np.array_equal(got.double().numpy(), want)
     assert np.array_equal(np.signbit(got.numpy()), np.signbit(v))
+
+
+def every_value(dtype: torch.dtype, low: float, high: float) -> torch.Tensor:
+    """Every value of ``dtype`` in [low, high], as float32 (each exact in float32)."""
+    bits = torch.arange(2**16, dtype=torch.int32).to(torch.int16).view(dtype)
+    v = bits.float()
+    return v[(v >= low) & (v <= high)].unique()
+
+
+def sr_shortfall(y: torch.Tensor, fmt) -> tuple[np.ndarray, np.ndarray]:
+    """How far each value's mean over all 256 noise values, through the reference's rounding,
+    falls short of it in magnitude (positive: toward zero), and its quantum (float64 frexp, not
+    adahop's). float64 is exact here: every rounded value is a multiple of the smallest quantum
+    below ``256 * max_normal``, at most 2**40 such steps, and the inputs have at most 11 bits."""
+    noise = torch.arange(256, dtype=torch.float32) / 256
+    rounded = round_to_element(y[:, None].expand(-1, 256), fmt, noise.expand(len(y), -1)).double().numpy()
+    a = y.double().numpy()
+    assert np.array_equal(np.signbit(rounded), np.signbit(a)[:, None].repeat(256, 1))  # the sign is kept
+    _, e = np.frexp(np.abs(a))
+    return np.abs(a) - np.abs(rounded).sum(1) / 256, np.exp2(np.maximum(e - 1, fmt.emin) - fmt.mbits)
+
+
+@pytest.mark.parametrize("fmt", (E2M1, E4M3, E5M2), ids=lambda f: f.name)
+def test_8_bit_noise_is_exactly_unbiased_on_bfloat16_inputs(fmt):
+    """Every bfloat16 value from six binades below half the smallest quantum up to ``max_normal``
+    (both signs), rounded with each of the 256 noise values: the mean is the value exactly from
+    half the smallest quantum up (``|y| / quantum`` has at most 8 fractional bits there); below,
+    it falls short by less than ``quantum / 256``, toward zero, and does fall short (the threshold
+    is tight). float16 values, with 3 more significant bits, keep the bound everywhere. The block
+    scale is a power of two, so a quantizer's scaled bfloat16 inputs are such values.
+    """
+    exact_from = 2.0 ** (fmt.emin - fmt.mbits - 1)  # half the smallest quantum: 0.25 for E2M1
+    for dtype, low in ((torch.bfloat16, exact_from * 2**-6), (torch.float16, 2.0**-24)):
+        y = every_value(dtype, low, fmt.max_normal)
+        y = torch.cat((y, -y))
+        short, quantum = sr_shortfall(y, fmt)
+        assert ((short >= 0) & (short < quantum / 256)).all()
+        if dtype == torch.bfloat16:
+            exact = y.abs().numpy() >= exact_from
+            assert (short[exact] == 0).all()
+            assert (short[~exact] > 0).any()
 
 
 @pytest.mark.parametrize("rounding", ("nearest", "stochastic"))
@@ -326,33 +365,36 @@ def test_philox_matches_published_known_answer():
 
 
 @pytest.mark.parametrize("seed", [0, 7, 2**40 + 3, 2**64 - 1])
-def test_noise_uses_both_halves_of_all_four_philox_words_in_order(seed):
-    offsets = torch.tensor([0, 1, 2, 3, 4, 5, 6, 7, 8, 2**32 + 1, 2**34 - 1, 2**40 + 6, 2**62 + 3])
+def test_noise_uses_all_four_bytes_of_all_four_philox_words_in_order(seed):
+    offsets = torch.cat((torch.arange(17), torch.tensor([2**32 + 1, 2**34 - 1, 2**40 + 6, 2**62 + 3, 2**63 - 1])))
     o = offsets.numpy().astype(np.uint64)
-    counters = o // np.uint64(8)
+    counters = o // np.uint64(16)
     ctr = np.zeros((len(counters), 4), dtype=np.uint64)
     ctr[:, 0], ctr[:, 1] = counters & np.uint64(0xFFFFFFFF), counters >> np.uint64(32)
-    words = numpy_philox4x32_10(seed, ctr)[np.arange(len(o)), ((o // np.uint64(2)) % np.uint64(4)).astype(int)]
-    halves = (words >> (np.uint64(16) * (o % np.uint64(2)))) & np.uint64(0xFFFF)
-    assert np.array_equal(philox.noise_bits(seed, offsets).numpy().astype(np.uint64), halves)
-    want = halves.astype(np.float64) / 2**16
+    words = numpy_philox4x32_10(seed, ctr)[np.arange(len(o)), ((o // np.uint64(4)) % np.uint64(4)).astype(int)]
+    byte = (words >> (np.uint64(8) * (o % np.uint64(4)))) & np.uint64(0xFF)
+    assert np.array_equal(philox.noise_bits(seed, offsets).numpy().astype(np.uint64), byte)
+    want = byte.astype(np.float64) / 2**8
     assert np.array_equal(philox.uniform(seed, offsets).numpy().astype(np.float64), want)
 
 
 def test_uniform_noise_statistics():
-    """Mean, variance and neighbour correlations of 2**20 draws within 5 standard errors."""
+    """Mean, variance and neighbour correlations of 2**20 draws within 5 standard errors of those
+    of the uniform distribution on the 256 values k / 2**8."""
     n = 1 << 20
     u = philox.uniform(12345, torch.arange(n)).double()
-    assert torch.equal(u * 2**16, torch.floor(u * 2**16)) and 0 <= u.min() and u.max() < 1
-    assert abs(u.mean().item() - 0.5) < 5 * math.sqrt(1 / 12 / n)
-    assert abs(u.var().item() - 1 / 12) < 5 * math.sqrt((1 / 80 - 1 / 144) / n)
-    c = u - 0.5
-    calls = c.view(-1, 8)
+    assert torch.equal(u * 2**8, torch.floor(u * 2**8)) and 0 <= u.min() and u.max() < 1
+    mean, var = (1 - 2**-8) / 2, (1 - 2**-16) / 12
+    assert abs(u.mean().item() - mean) < 5 * math.sqrt(var / n)
+    assert abs(u.var().item() - var) < 5 * math.sqrt((1 / 80 - 1 / 144) / n)
+    c = u - mean
+    calls = c.view(-1, 16)
     pairs = {
         "lag 1": (c[:-1], c[1:]),
-        "same word": (calls[:, 0], calls[:, 1]),  # the two halves of one Philox word
-        "same call": (calls[:, 1], calls[:, 2]),  # neighbouring words of one call
-        "next call": (calls[:-1, 7], calls[1:, 0]),
+        "same word": (calls[:, 0], calls[:, 1]),  # two bytes of one Philox word
+        "same word, far bytes": (calls[:, 4], calls[:, 7]),
+        "same call": (calls[:, 3], calls[:, 4]),  # neighbouring words of one call
+        "next call": (calls[:-1, 15], calls[1:, 0]),
         "next seed": (c, philox.uniform(12346, torch.arange(n)).double() - 0.5),
     }
     for name, (a, b) in pairs.items():

@@ -58,10 +58,12 @@ def round_to_element(v: torch.Tensor, fmt: ElementFormat, noise: torch.Tensor | 
     """Round float32 ``v`` (already divided by the block scale) onto ``fmt``'s grid.
 
     ``noise is None``: round-to-nearest-even. Otherwise stochastic rounding,
-    ``floor(|v| / quantum + noise) * quantum`` with ``noise`` uniform on the ``2**-16`` grid
-    in [0, 1) (``formats.philox``), which is unbiased below the saturation point to within
-    ``2**-16`` quanta. The sum is exact: ``floor(s + n / 2**16) = floor((floor(s * 2**16) + n)
-    / 2**16)`` for an integer ``n``, and every step of the right side is exact in float32.
+    ``floor(|v| / quantum + noise) * quantum`` with ``noise`` uniform on the ``2**-8`` grid
+    in [0, 1) (``formats.philox``), which is unbiased below the saturation point: exactly for
+    bfloat16 inputs down to half the smallest quantum, to within ``quantum / 256`` (toward zero)
+    otherwise (``formats.philox`` says why). The sum is exact: ``floor(s + n / 2**8) =
+    floor((floor(s * 2**8) + n) / 2**8)`` for an integer ``n``, and every step of the right side
+    is exact in float32.
     Both modes saturate at ``max_normal``; the sign is kept (so tiny negatives become -0).
     """
     a = v.abs()
@@ -70,7 +72,7 @@ def round_to_element(v: torch.Tensor, fmt: ElementFormat, noise: torch.Tensor | 
     if noise is None:
         steps = torch.round(steps)
     else:
-        fixed = torch.floor(steps * NOISE_SCALE) + noise * NOISE_SCALE  # integers below 2**21
+        fixed = torch.floor(steps * NOISE_SCALE) + noise * NOISE_SCALE  # integers below 2**13
         steps = torch.floor(fixed / NOISE_SCALE)
     q = torch.clamp(steps * quantum, max=fmt.max_normal)
     return torch.copysign(q, v)

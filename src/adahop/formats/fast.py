@@ -9,7 +9,7 @@ is the specification's, but
 - the block axis K stays in the middle of a contiguous ``[P, K, Q]`` view (a 2-D input blocked
   along its rows is transposed once), so the Hadamard stages, block maxima and codes are
   whole-row operations, and only the 1-byte codes are moved into storage layout;
-- Philox runs once per eight elements (:func:`philox.noise_runs`), not once per element;
+- Philox runs once per sixteen elements (:func:`philox.noise_runs`), not once per element;
 - element exponents come off the float32 bit fields instead of ``frexp``/``ldexp``, divisions
   by powers of two are multiplications by their exact reciprocals (the same correctly rounded
   results), round-to-nearest-even is the float32 adder's (``2**23 + steps``), and stochastic
@@ -74,7 +74,7 @@ def _run_counters(p: int, runs: int, q: int, device: torch.device) -> torch.Tens
 
 def _noise(seed: int, p: int, k: int, q: int, device: torch.device) -> torch.Tensor:
     """int32 noise ``[P, K, Q]`` for the storage-order offsets ``(i * Q + j) * K + k``."""
-    if k % philox.VALUES_PER_CALL == 0:  # each call's eight offsets lie in one row of K
+    if k % philox.VALUES_PER_CALL == 0:  # each call's sixteen offsets lie in one row of K
         counters = _run_counters(p, k // philox.VALUES_PER_CALL, q, device)
         return philox.noise_runs(seed, counters, dim=2).view(p, k, q)
     calls = -(-p * q * k // philox.VALUES_PER_CALL)
@@ -131,7 +131,7 @@ def quantize_mx_fast(
         inv_quantum = _exp2_bits(2 * _F32_BIAS + efmt.mbits - exponent)
         steps = torch.addcmul(a.new_full((), 2.0**_F32_MBITS), a, inv_quantum).view(torch.int32)
         offset = _ROUND_BITS
-    else:  # floor((floor(a / quantum * 2**16) + noise) / 2**16), all in integers
+    else:  # floor((floor(a / quantum * 2**8) + noise) / 2**8), all in integers
         fixed = a.mul_(_exp2_bits(2 * _F32_BIAS + efmt.mbits + philox.NOISE_BITS - exponent)).to(torch.int32)
         noise = _noise(0 if seed is None else seed, p, k, q, v.device).view(p, nb, block_size, q)
         steps = fixed.add_(noise).bitwise_right_shift_(philox.NOISE_BITS)
