@@ -10,7 +10,7 @@ an FMA is exact). The one exception, ``round_to_bf16``, uses the hardware cast w
 import triton
 import triton.language as tl
 
-from ..formats import scales
+from ..formats import philox, scales
 
 F32_MBITS = tl.constexpr(23)
 F32_BIAS = tl.constexpr(127)
@@ -21,8 +21,8 @@ E8M0_NAN = tl.constexpr(scales.E8M0_NAN)
 # Adding 1.5 * 2**23 (bits 0x4B400000) rounds a float32 in [0, 2**22) to an integer, ties to even.
 RNE_MAGIC_BITS = tl.constexpr(0x4B400000)
 RNE_MAGIC = tl.constexpr(12582912.0)  # the same constant as a float: 1.5 * 2**23
-NOISE_BITS = tl.constexpr(16)  # random bits per element, two per Philox word (adahop.formats.philox)
-NOISE_MASK = tl.constexpr(0xFFFF)
+NOISE_BITS = tl.constexpr(philox.NOISE_BITS)  # random bits per element, four per Philox word
+NOISE_MASK = tl.constexpr((1 << philox.NOISE_BITS) - 1)
 
 
 @triton.jit
@@ -123,29 +123,51 @@ def _philox_words(seed, counters):
 
 @triton.jit
 def philox_noise(seed, offsets):
-    """16-bit noise (uint32) at int64 ``offsets``, equal to ``formats.philox.noise_bits``.
+    """8-bit noise (uint32) at int64 ``offsets``, equal to ``formats.philox.noise_bits``.
 
-    One Philox call per element (half ``offset % 2`` of word ``(offset // 2) % 4`` of counter
-    ``offset // 8``); for runs of eight offsets that share a call, ``philox_noise_runs`` is
-    eight times cheaper.
+    One Philox call per element (byte ``offset % 4`` of word ``(offset // 4) % 4`` of counter
+    ``offset // 16``); for runs of sixteen offsets that share a call, ``philox_noise_runs`` is
+    sixteen times cheaper.
     """
-    w0, w1, w2, w3 = _philox_words(seed, offsets >> 3)
-    word = (offsets >> 1) & 3
+    w0, w1, w2, w3 = _philox_words(seed, offsets >> 4)
+    word = (offsets >> 2) & 3
     bits = tl.where(word < 2, tl.where(word == 0, w0, w1), tl.where(word == 2, w2, w3))
-    return (bits >> ((offsets & 1) * NOISE_BITS).to(tl.uint32)) & NOISE_MASK
+    return (bits >> ((offsets & 3) * NOISE_BITS).to(tl.uint32)) & NOISE_MASK
+
+
+@triton.jit
+def _word_bytes(words):
+    """The four bytes of each of ``words`` along two new axes [..., 2, 2], lowest first once the
+    two are flattened."""
+    b0, b1 = words & NOISE_MASK, (words >> NOISE_BITS) & NOISE_MASK
+    b2, b3 = (words >> 2 * NOISE_BITS) & NOISE_MASK, words >> 3 * NOISE_BITS
+    return tl.join(tl.join(b0, b2), tl.join(b1, b3))
 
 
 @triton.jit
 def philox_noise_runs(seed, counters):
-    """16-bit noise ``[R, 8 * G]`` for the offsets ``8 * counters + (0, ..., 7)`` of ``counters [R, G]``.
+    """8-bit noise ``[R, 16 * G]`` for the offsets ``16 * counters + (0, ..., 15)`` of ``counters [R, G]``.
 
-    Each Philox call's four words go to eight neighbouring elements, low half first.
+    Each Philox call's four words go to sixteen neighbouring elements, lowest byte first.
     """
     R: tl.constexpr = counters.shape[0]
     G: tl.constexpr = counters.shape[1]
     w0, w1, w2, w3 = _philox_words(seed, counters)
     words = tl.reshape(tl.join(tl.join(w0, w2), tl.join(w1, w3)), [R, 4 * G])  # w0 w1 w2 w3
-    return tl.reshape(tl.join(words & NOISE_MASK, words >> NOISE_BITS), [R, 8 * G])
+    return tl.reshape(_word_bytes(words), [R, 16 * G])
+
+
+@triton.jit
+def philox_noise_slices(seed, counters):
+    """8-bit noise of two 8-wide slices ``[R, NB, 8]`` that share the Philox call at ``counters
+    [R, NB]``: the offsets ``16 * counters + (0, ..., 7)`` (words 0, 1) and ``+ (8, ..., 15)``
+    (words 2, 3)."""
+    R: tl.constexpr = counters.shape[0]
+    NB: tl.constexpr = counters.shape[1]
+    w0, w1, w2, w3 = _philox_words(seed, counters)
+    first = tl.reshape(_word_bytes(tl.join(w0, w1)), [R, NB, 8])
+    second = tl.reshape(_word_bytes(tl.join(w2, w3)), [R, NB, 8])
+    return first, second
 
 
 @triton.jit
@@ -153,7 +175,7 @@ def encode_elements(y, noise, limit, sign_weight, STOCHASTIC: tl.constexpr, MBIT
     """Element codes (uint32) of finite float32 ``y`` already divided by the block scale.
 
     Rounds ``|y| / quantum`` to an integer number of steps (nearest-even, or ``floor(steps +
-    noise / 2**16)`` for 16-bit integer ``noise``) exactly as
+    noise / 2**8)`` for 8-bit integer ``noise``) exactly as
     ``formats.elements.round_to_element`` and reads the code off directly:
     ``((e - emin) << mbits) + steps``, where a carry out of the mantissa moves into the exponent.
     The magnitude saturates at ``limit`` (the code of ``max_normal``; 0 zeroes a NaN/Inf block)
@@ -167,10 +189,10 @@ def encode_elements(y, noise, limit, sign_weight, STOCHASTIC: tl.constexpr, MBIT
     # (a constexpr on the left of a tensor stays a constexpr in the interpreter)
     first_code = (binade - (EMIN + F32_BIAS)) << MBITS  # the code of 2**e
     if STOCHASTIC:
-        # Steps in 16.16 fixed point, truncated (exact: a power-of-two multiply, then floor);
-        # adding the integer noise and dropping 16 bits is the exact floor(steps + noise).
+        # Steps in fixed point with 8 fraction bits, truncated (exact: a power-of-two multiply, then
+        # floor); adding the integer noise and dropping 8 bits is the exact floor(steps + noise).
         top = tl.full(binade.shape, MBITS + NOISE_BITS + 2 * F32_BIAS, tl.uint32)
-        fixed_scale = ((top - binade) << F32_MBITS).to(tl.float32, bitcast=True)  # 2**(mbits-e+16)
+        fixed_scale = ((top - binade) << F32_MBITS).to(tl.float32, bitcast=True)  # 2**(mbits-e+8)
         fixed = (tl.abs(y) * fixed_scale).to(tl.uint32)
         code = ((fixed + noise) >> NOISE_BITS) + first_code
     else:

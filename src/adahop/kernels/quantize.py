@@ -21,7 +21,7 @@ block over lanes and pays in shuffles and selects. Their device functions are in
 Cost. On sm_90 quantization is bound by the instructions it issues (the integer-logic pipe,
 16 lanes per scheduler, most of all), not by memory, so: E2M1 rounding to nearest is the
 minimum of three FMA-rounded lines (``mx_math.encode_e2m1_nearest``); stochastic rounding
-takes 16 noise bits per element, eight elements per Philox4x32-10 call, added in fixed point;
+takes 8 noise bits per element, sixteen elements per Philox4x32-10 call, added in fixed point;
 block maxima are float maxima that keep NaN. ``benchmarks/quantize/sass_counts.py`` prints the static
 instruction counts per element; ``adahop bench --only quantize`` measures each kernel against
 copy bandwidth (results in ``benchmarks/quantize/``).

@@ -22,6 +22,7 @@ from .mx_math import (
     pack_codes,
     philox_noise,
     philox_noise_runs,
+    philox_noise_slices,
     round_to_input_dtype,
     shared_exponent,
     walsh_hadamard_butterfly,
@@ -97,9 +98,9 @@ def quantize_tile(
     limit, sign_weight = limit[:, :, None], sign_weight[:, :, None]
     if SPEC.stochastic:
         row_offsets = rows.to(tl.int64) * padded_len
-        if BLOCK_SIZE % 8 == 0:  # runs of eight elements share a Philox call
-            runs = (col_start + tl.arange(0, C // 8) * 8) // 8
-            noise = philox_noise_runs(seed, row_offsets[:, None] // 8 + runs[None, :])
+        if BLOCK_SIZE % 16 == 0:  # runs of sixteen elements share a Philox call
+            runs = (col_start + tl.arange(0, C // 16) * 16) // 16
+            noise = philox_noise_runs(seed, row_offsets[:, None] // 16 + runs[None, :])
         else:
             noise = philox_noise(seed, row_offsets[:, None] + cols[None, :])
         noise = tl.reshape(noise, [R, C // BLOCK_SIZE, BLOCK_SIZE])
@@ -222,20 +223,26 @@ def record_scores(score_ptr, lines, amax, ok):
 
 
 @triton.jit
-def row_codes(v, inv_scale, limit, sign_weight, counters, seed, SPEC: tl.constexpr):
-    """E2M1 codes of a slice ([R, NB, 8], block scale applied here); ``counters`` [R, NB] are
-    its Philox counters (the index of its 32-bit word in the packed row)."""
-    R: tl.constexpr = v.shape[0]
-    NB: tl.constexpr = v.shape[1]
+def slice_noise(seed, counters, SPEC: tl.constexpr):
+    """Stochastic-rounding noise of a block's slices (0, 1) at Philox ``counters`` [R, NB] (the
+    index of the 16-element run of the row that starts the block), or of slices (2, 3) at
+    ``counters + 1``: one call for two slices. Zeros under round-to-nearest."""
+    if SPEC.stochastic:
+        return philox_noise_slices(seed, counters)
+    return 0, 0
+
+
+@triton.jit
+def row_codes(v, inv_scale, limit, sign_weight, noise, SPEC: tl.constexpr):
+    """E2M1 codes of a slice ([R, NB, 8], block scale applied here), with its ``slice_noise``."""
     scaled = v * inv_scale
     if SPEC.stochastic:
-        noise = tl.reshape(philox_noise_runs(seed, counters), [R, NB, 8])
         return encode_elements(scaled, noise, limit, sign_weight, True, SPEC.mbits, SPEC.emin)
     return encode_e2m1_nearest(scaled, limit, sign_weight)
 
 
 @triton.jit
-def row_word(v, inv_scale, limit, sign_weight, counters, seed, SPEC: tl.constexpr):
+def row_word(v, inv_scale, limit, sign_weight, noise, SPEC: tl.constexpr):
     """A slice's 8 codes packed into one 32-bit word per block, first code lowest."""
-    codes = row_codes(v, inv_scale, limit, sign_weight, counters, seed, SPEC)
+    codes = row_codes(v, inv_scale, limit, sign_weight, noise, SPEC)
     return tl.sum(codes << (tl.arange(0, 8) * 4)[None, None, :], axis=2)

@@ -29,7 +29,7 @@ from ..formats.mx import check_quantize_args
 from ..transforms.hadamard import check_hadamard_args
 from .fold import _MIN_NORMAL_SHIFT, FLUSH_SHIFT, FOLD_OFFSET, _fold_nibbles
 from .launch import INTERPRET, cdiv, quantize_spec, seed_pointer, zero_seed
-from .quantize_blocks import row_blocks, row_codes
+from .quantize_blocks import row_blocks, row_codes, slice_noise
 
 ELEMENTS_PER_THREAD = 32  # one block per thread, as in the row-wise quantize kernel
 MAX_WARPS = 16
@@ -99,13 +99,15 @@ def _quantize_fold_rows_kernel(
     v0, v1, v2, v3, inv_scale, limit, sign_weight, scale_codes, score = row_blocks(
         x_ptr, signs_ptr, rows, blocks, M, N, stride_m, hadamard_scale, SPEC
     )
-    # Magnitude codes (sign weight 0), with Philox counters as in the packed layout (word w holds
-    # elements 8w..8w+7), so the noise, and so the codes, are those of quantize_mx_triton.
-    word0 = rows.to(tl.int64)[:, None] * (N // 8) + (blocks * 4)[None, :]
-    m0 = row_codes(v0, inv_scale, limit, 0, word0, seed, SPEC)
-    m1 = row_codes(v1, inv_scale, limit, 0, word0 + 1, seed, SPEC)
-    m2 = row_codes(v2, inv_scale, limit, 0, word0 + 2, seed, SPEC)
-    m3 = row_codes(v3, inv_scale, limit, 0, word0 + 3, seed, SPEC)
+    # Magnitude codes (sign weight 0), with Philox counters as in the packed layout (call c draws
+    # the noise of elements 16c..16c+15), so the noise, and so the codes, are those of quantize_mx_triton.
+    call0 = rows.to(tl.int64)[:, None] * (N // 16) + (blocks * 2)[None, :]
+    noise0, noise1 = slice_noise(seed, call0, SPEC)
+    m0 = row_codes(v0, inv_scale, limit, 0, noise0, SPEC)
+    m1 = row_codes(v1, inv_scale, limit, 0, noise1, SPEC)
+    noise2, noise3 = slice_noise(seed, call0 + 1, SPEC)
+    m2 = row_codes(v2, inv_scale, limit, 0, noise2, SPEC)
+    m3 = row_codes(v3, inv_scale, limit, 0, noise3, SPEC)
     n0, n1, n2, n3 = sign_bit(v0), sign_bit(v1), sign_bit(v2), sign_bit(v3)
 
     # The row's reference: its largest finite block code (NaN blocks and blocks past N left out).

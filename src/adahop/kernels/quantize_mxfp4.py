@@ -18,7 +18,7 @@ from .mx_math import (
     round_to_input_dtype,
     walsh_hadamard_butterfly,
 )
-from .quantize_blocks import block_scales, record_scores, row_blocks, row_word, to_float32
+from .quantize_blocks import block_scales, record_scores, row_blocks, row_word, slice_noise, to_float32
 
 
 @triton.jit
@@ -57,13 +57,16 @@ def _quantize_rows_kernel(
     if SPEC.scores:  # a row spans programs along N
         record_scores(score_ptr, rows, score, rows < M)
 
-    # Word w of a row holds elements 8w..8w+7; its index is also their Philox counter.
+    # Word w of a row holds elements 8w..8w+7; Philox call c draws the noise of elements 16c..16c+15.
     n_blocks = n_padded // 32
     word0 = rows.to(tl.int64)[:, None] * (n_padded // 8) + (blocks * 4)[None, :]
-    w0 = row_word(v0, inv_scale, limit, sign_weight, word0, seed, SPEC)
-    w1 = row_word(v1, inv_scale, limit, sign_weight, word0 + 1, seed, SPEC)
-    w2 = row_word(v2, inv_scale, limit, sign_weight, word0 + 2, seed, SPEC)
-    w3 = row_word(v3, inv_scale, limit, sign_weight, word0 + 3, seed, SPEC)
+    call0 = word0 // 2
+    n0, n1 = slice_noise(seed, call0, SPEC)
+    w0 = row_word(v0, inv_scale, limit, sign_weight, n0, SPEC)
+    w1 = row_word(v1, inv_scale, limit, sign_weight, n1, SPEC)
+    n2, n3 = slice_noise(seed, call0 + 1, SPEC)
+    w2 = row_word(v2, inv_scale, limit, sign_weight, n2, SPEC)
+    w3 = row_word(v3, inv_scale, limit, sign_weight, n3, SPEC)
     words = tl.reshape(tl.join(tl.join(w0, w2), tl.join(w1, w3)), [BLOCK_M, NB, 4])  # w0 w1 w2 w3
     ok = (rows < M)[:, None] & (blocks < n_blocks)[None, :]
     tl.store(data_ptr + word0[:, :, None] + tl.arange(0, 4)[None, None, :], words, mask=ok[:, :, None])
@@ -126,10 +129,13 @@ def _quantize_cols_kernel(
     )
     scaled = v * inv_scale[:, None]
     limit, sign_weight = limit[:, None], sign_weight[:, None]
-    # Word w of an output row (a column of x) holds its elements 8w..8w+7: also their Philox counter.
+    # Word w of an output row (a column of x) holds its elements 8w..8w+7; Philox call c draws the
+    # noise of elements 16c..16c+15.
     words = cols.to(tl.int64)[:, None] * (m_padded // 8) + (r0 // 8 + tl.arange(0, 4))[None, :]
     if SPEC.stochastic:
-        noise = philox_noise_runs(seed, words)
+        noise = philox_noise_runs(
+            seed, cols.to(tl.int64)[:, None] * (m_padded // 16) + (r0 // 16 + tl.arange(0, 2))[None, :]
+        )
         codes = encode_elements(scaled, noise, limit, sign_weight, True, SPEC.mbits, SPEC.emin)
     else:
         codes = encode_e2m1_nearest(scaled, limit, sign_weight)
