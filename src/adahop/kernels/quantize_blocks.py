@@ -226,10 +226,11 @@ def record_scores(score_ptr, lines, amax, ok):
 def slice_noise(seed, counters, SPEC: tl.constexpr):
     """Stochastic-rounding noise of a block's slices (0, 1) at Philox ``counters`` [R, NB] (the
     index of the 16-element run of the row that starts the block), or of slices (2, 3) at
-    ``counters + 1``: one call for two slices. Zeros under round-to-nearest."""
+    ``counters + 1``: one call for two slices. Zeros (unused, compiled away) under round-to-nearest."""
     if SPEC.stochastic:
         return philox_noise_slices(seed, counters)
-    return 0, 0
+    zeros = tl.zeros([counters.shape[0], counters.shape[1], 8], dtype=tl.uint32)
+    return zeros, zeros
 
 
 @triton.jit
