@@ -2,9 +2,10 @@
 cores: grid rounding (``spec.py``), ``tl.dot`` with the +-1 matrix in bfloat16, float32 accumulation.
 
 They equal ``quantize_mx(grid_hadamard_transform(x, axis=axis, signs=signs), axis=axis, ...)`` bit
-for bit: the operands are integers of at most 8 significant bits with ``|n| <= 2**16`` (exact in
-bfloat16; float16 and float32 inputs are split into two bfloat16 dots, ``hi + lo``), every partial
-sum is an integer below ``2**22``, so no accumulation order or truncation can change it. Scales,
+for bit: bfloat16 grid values are bfloat16 operands (float16 and float32 ones are split into two
+exact bfloat16 parts, two dots into one accumulator), every product and partial sum is a multiple
+of the grid below ``2**22`` of its units, so no accumulation order, alignment or truncation of
+the tensor cores can change it. Scales,
 noise, encoding and packing are the device functions of ``adahop.kernels`` that today's
 ``quantize_mxfp4`` kernels use; each MX block is one row of a ``[blocks, 32]`` tile, as in the
 column-wise kernel. No outlier scores and no padding inside a block (a prototype for timing).
@@ -21,10 +22,8 @@ import triton.language as tl
 from adahop.formats.mx import MXTensor, check_quantize_args, storage_shapes
 from adahop.kernels.launch import cdiv, quantize_spec, seed_pointer, zero_seed
 from adahop.kernels.mx_math import (
-    RNE_MAGIC,
     encode_e2m1_nearest,
     encode_elements,
-    exp2_int,
     exponent_field,
     max_keeping_nan,
     philox_noise_runs,
@@ -34,11 +33,11 @@ from adahop.kernels.mx_math import (
 from adahop.kernels.quantize_blocks import block_scales, to_float32
 from adahop.transforms.hadamard import check_hadamard_args
 
-from .spec import GRID_BITS as _GRID_BITS
-from .spec import MIN_EXPONENT as _MIN_EXPONENT
+from . import spec
 
-GRID_BITS = tl.constexpr(_GRID_BITS)
-MIN_EXPONENT = tl.constexpr(_MIN_EXPONENT)
+GRID_BITS = tl.constexpr(spec.GRID_BITS)
+MIN_EXPONENT = tl.constexpr(spec.MIN_EXPONENT)
+MAX_EXPONENT = tl.constexpr(spec.MAX_EXPONENT)
 
 
 @triton.jit
@@ -47,14 +46,21 @@ def bf16_operand(v, NATIVE: tl.constexpr):
     multiplies bfloat16's raw bits (Triton 3.9), so there the operand stays float32 holding the
     rounded value: the same products, summed exactly either way."""
     if NATIVE:
-        return v.to(tl.bfloat16)
-    return round_to_bf16(v, False)
+        operand = v.to(tl.bfloat16)
+    else:
+        operand = round_to_bf16(v, False)
+    return operand
 
 
 @triton.jit
-def sylvester(N: tl.constexpr, NATIVE: tl.constexpr):
-    """The ``N x N`` (N <= 32) Sylvester Hadamard matrix, ``(-1)**popcount(i & j)``, as an operand."""
-    both = tl.arange(0, N)[:, None] & tl.arange(0, N)[None, :]
+def sylvester_permuted(NATIVE: tl.constexpr):
+    """The 32 x 32 Sylvester Hadamard matrix ``(-1)**popcount(i & j)`` with its columns reordered so
+    that the dot's accumulator holds whole packed words in one thread: column ``c = 8k + 2w + b`` is
+    output element ``j = 8w + 2k + b``. An MMA accumulator gives lane ``w`` of a quad the columns
+    ``8k + 2w + b`` (k = 0..3, b = 0, 1), so it holds elements ``8w .. 8w + 7``, word ``w``."""
+    c = tl.arange(0, 32)[None, :]
+    j = ((c >> 1) & 3) * 8 + (c >> 3) * 2 + (c & 1)
+    both = tl.arange(0, 32)[:, None] & j
     parity = both ^ (both >> 4)
     parity = parity ^ (parity >> 2)
     parity = (parity ^ (parity >> 1)) & 1
@@ -64,43 +70,48 @@ def sylvester(N: tl.constexpr, NATIVE: tl.constexpr):
 @triton.jit
 def grid_hadamard(v, hadamard_scale, SPEC: tl.constexpr):
     """The grid Hadamard of each row of ``v`` [R, 32] (float32, signs applied), rounded to the input
-    dtype, and whether each row was finite. ``hadamard_scale`` is float32 ``1/sqrt(32)``."""
+    dtype, in ``sylvester_permuted``'s column order; NaN rows for blocks that become NaN (the MMA
+    carries NaN through). ``hadamard_scale`` is float32 ``1/sqrt(32)``."""
     amax = tl.reduce(tl.abs(v), 1, max_keeping_nan)
-    finite = amax < float("inf")
-    e = tl.where(finite, tl.maximum(exponent_field(amax.to(tl.int32, bitcast=True)), MIN_EXPONENT), 0)
-    # Ties to even: the product is exact (or below 2**-126) and adding 1.5 * 2**23 rounds it once.
-    units = v * exp2_int(-e + GRID_BITS)[:, None] + RNE_MAGIC - RNE_MAGIC
+    e = tl.maximum(exponent_field(amax.to(tl.int32, bitcast=True)), MIN_EXPONENT)
+    # 1.5 * 2**(e + 8): its float32 spacing is the grid; adding it rounds v once, ties to even.
+    magic = (((e + (23 - GRID_BITS + 127)) << 23) | 0x400000).to(tl.float32, bitcast=True)
+    magic = tl.where((amax < float("inf")) & (e <= MAX_EXPONENT), magic, float("nan"))[:, None]
+    q = v + magic - magic  # exact; +0 where v vanishes
     NATIVE: tl.constexpr = SPEC.native_casts
-    h = sylvester(32, NATIVE)
-    if SPEC.input_bf16:  # at most 8 significant bits: exact in bfloat16
-        s = tl.dot(bf16_operand(units, NATIVE), h, out_dtype=tl.float32)
-    else:  # up to 16 bits: two exact bfloat16 parts
-        hi = round_to_bf16(units, NATIVE)
+    h = sylvester_permuted(NATIVE)
+    if SPEC.input_bf16:  # bfloat16 grid values are bfloat16 values
+        s = tl.dot(bf16_operand(q, NATIVE), h, out_dtype=tl.float32)
+    else:  # float16 and float32 grid values: two exact bfloat16 parts, both multiples of the grid
+        hi = round_to_bf16(q, NATIVE)
         s = tl.dot(bf16_operand(hi, NATIVE), h, out_dtype=tl.float32)
-        s = tl.dot(bf16_operand(units - hi, NATIVE), h, acc=s, out_dtype=tl.float32)
-    y = s * (exp2_int(e - GRID_BITS) * hadamard_scale)[:, None]  # one rounding of S * c * g
+        s = tl.dot(bf16_operand(q - hi, NATIVE), h, acc=s, out_dtype=tl.float32)
     ROUND_TO: tl.constexpr = SPEC.round_to
-    return round_to_input_dtype(y, ROUND_TO, SPEC.native_casts), finite
+    return round_to_input_dtype(s * hadamard_scale, ROUND_TO, NATIVE)
 
 
 @triton.jit
-def quantize_block_rows(y, finite, word0, seed, SPEC: tl.constexpr):
-    """Codes packed into words ([R, 4]) and E8M0 codes ([R]) of blocks ``y`` [R, 32] whose first
-    word is ``word0`` [R] (int64; also the Philox counter of its eight elements)."""
+def quantize_block_rows(y, word0, seed, SPEC: tl.constexpr):
+    """Codes packed into words ([R, 4]) and E8M0 codes ([R]) of blocks ``y`` [R, 32] (columns in
+    ``sylvester_permuted``'s order) whose first word is ``word0`` [R] (int64; also the Philox
+    counter of its eight elements)."""
     R: tl.constexpr = y.shape[0]
     amax = tl.reduce(tl.abs(y), 1, max_keeping_nan)
     inv_scale, limit, sign_weight, scale_codes = block_scales(
-        amax.to(tl.int32, bitcast=True), finite & (amax < float("inf")), SPEC
+        amax.to(tl.int32, bitcast=True), amax < float("inf"), SPEC
     )
     scaled = y * inv_scale[:, None]
     limit, sign_weight = limit[:, None], sign_weight[:, None]
     words = word0[:, None] + tl.arange(0, 4)[None, :]
     if SPEC.stochastic:
-        noise = philox_noise_runs(seed, words)
+        noise = tl.reshape(philox_noise_runs(seed, words), [R, 4, 4, 2])  # [R, w, k, b]
+        noise = tl.reshape(tl.permute(noise, (0, 2, 1, 3)), [R, 32])  # column order 8k + 2w + b
         codes = encode_elements(scaled, noise, limit, sign_weight, True, SPEC.mbits, SPEC.emin)
     else:
         codes = encode_e2m1_nearest(scaled, limit, sign_weight)
-    packed = tl.sum(tl.reshape(codes, [R, 4, 8]) << (tl.arange(0, 8) * 4)[None, None, :], axis=2)
+    # Code (k, w, b) is element 2k + b of word w: nibble 2k + b.
+    shifts = (tl.arange(0, 4) * 8)[:, None, None] + (tl.arange(0, 2) * 4)[None, None, :]
+    packed = tl.sum(tl.sum(tl.reshape(codes, [R, 4, 4, 2]) << shifts[None, :, :, :], axis=3), axis=1)
     return words, packed, scale_codes
 
 
@@ -131,9 +142,9 @@ def _grid_rows_kernel(
     v = to_float32(x, SPEC.input_bf16)
     if SPEC.has_signs:
         v = v * tl.load(signs_ptr + tl.arange(0, 32))[None, None, :]
-    y, finite = grid_hadamard(tl.reshape(v, [R, 32]), hadamard_scale, SPEC)
+    y = grid_hadamard(tl.reshape(v, [R, 32]), hadamard_scale, SPEC)
     word0 = rows.to(tl.int64)[:, None] * (N // 8) + (blocks * 4)[None, :]
-    words, packed, scale_codes = quantize_block_rows(y, finite, tl.reshape(word0, [R]), seed, SPEC)
+    words, packed, scale_codes = quantize_block_rows(y, tl.reshape(word0, [R]), seed, SPEC)
     ok = tl.reshape(ok, [R])
     tl.store(data_ptr + words, packed, mask=ok[:, None])
     scale_offs = rows.to(tl.int64)[:, None] * (N // 32) + blocks[None, :]
@@ -165,9 +176,9 @@ def _grid_cols_kernel(
     v = to_float32(tl.load(x_ptrs, mask=ok[:, None], other=0), SPEC.input_bf16)
     if SPEC.has_signs:
         v = v * tl.load(signs_ptr + rows)[None, :]
-    y, finite = grid_hadamard(v, hadamard_scale, SPEC)
+    y = grid_hadamard(v, hadamard_scale, SPEC)
     word0 = cols.to(tl.int64) * (M // 8) + r0 // 8
-    words, packed, scale_codes = quantize_block_rows(y, finite, word0, seed, SPEC)
+    words, packed, scale_codes = quantize_block_rows(y, word0, seed, SPEC)
     tl.store(data_ptr + words, packed, mask=ok[:, None])
     tl.store(scale_ptr + cols.to(tl.int64) * (M // 32) + r0 // 32, scale_codes, mask=ok)
 

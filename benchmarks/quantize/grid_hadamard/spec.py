@@ -1,16 +1,19 @@
-"""The grid Hadamard: a block Hadamard transform whose every sum is exact, so any summation order
-(the butterfly's, a BLAS's, a tensor core's) gives the same bits.
+"""The grid Hadamard: round each Hadamard block to a fixed-point grid, then today's transform. On the
+grid every sum is exact, so any summation order (the butterfly's, a BLAS's, a tensor core's) gives
+the same bits.
 
-Each block ``v`` (``block_size`` values after the random signs, float32) is first rounded to the
-fixed-point grid ``g = 2**(e - 15)``, ``e = max(floor(log2(max|v|)), -100)``: ``n = round(v / g)``
-(ties to even), integers with ``|n| <= 2**16``. A 32-point Hadamard's partial sums of ``n`` are
-integers below ``2**21`` (a 256-point one's at most ``2**24``): exact in float32 in any order. The
-output is ``fl32(S * c * g)`` for ``S = n @ H`` and ``c = fl32(1 / sqrt(block_size))``, one rounding
-of an exact product (``c * g`` is an exact float32: ``e - 15 >= -115``), then rounded to the input
-dtype as ``hadamard_transform`` does. A block holding a NaN or Inf becomes NaN.
-
-``e`` is read from the float32 exponent field: the clamp at -100 covers subnormal maxima (and
-keeps ``c * g`` normal), and ``2**(15 - e)`` stays a normal float32 for every finite maximum.
+``grid_round``: each block ``v`` of ``block_size`` consecutive values along ``axis`` is rounded to
+multiples of ``g = 2**(e - 15)``, ``e = max(floor(log2(max|v|)), -100)``, ties to even: ``q = n * g``
+with integers ``|n| <= 2**16``, so values below ``g / 2`` vanish (to +0: with no -0 among the
+inputs, no order of the sums can make a -0, whose sign bit an MXFP4 code keeps). ``q`` is exact in the input dtype
+(bfloat16 keeps 8 significant bits of values at least ``2**(e - 8)``, below which ``n < 2**7``;
+float16 likewise with 11). A block holding a NaN or Inf, or whose maximum is at least ``2**119``,
+becomes NaN. Then ``grid_hadamard_transform = hadamard_transform(grid_round(x))``: the partial sums
+of the butterfly are multiples of ``g`` below ``2**21 * g`` (``2**24 * g`` for 256-point blocks)
+and at most ``2**127``, exact in float32 in any order; only the final multiply by ``1/sqrt(n)``
+and the rounding to the input dtype round, as today. The floor of -100 keeps ``g`` a normal
+float32 (no subnormal operand or sum anywhere); ``2**119`` keeps every partial sum of a 256-point
+block finite and the rounding constant ``1.5 * 2**(e + 8)`` a float32.
 """
 
 from __future__ import annotations
@@ -19,52 +22,42 @@ import math
 
 import torch
 
-from adahop.transforms.hadamard import check_hadamard_args, hadamard_matrix, walsh_hadamard_butterfly
+from adahop.transforms.hadamard import check_hadamard_args, hadamard_matrix, hadamard_transform
 
 GRID_BITS = 15  # the block maximum sits in [2**15, 2**16) grid units
-MIN_EXPONENT = -100  # e's floor: subnormal maxima, and c * 2**(e - 15) stays a normal float32
+MIN_EXPONENT = -100  # e's floor: g = 2**(e - 15) >= 2**-115 stays normal
+MAX_EXPONENT = 118  # blocks with max|v| >= 2**119 become NaN: partial sums stay below 2**128
 INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def _blocks(x: torch.Tensor, axis: int, block_size: int, signs: torch.Tensor | None) -> torch.Tensor:
+def grid_exponent(v: torch.Tensor) -> torch.Tensor:
+    """Each float32 block's ``e`` ([..., 1], float32: exact small integers), NaN for a block that
+    becomes NaN, read from its maximum's float32 exponent field (subnormal maxima read -127)."""
+    amax = v.abs().amax(dim=-1, keepdim=True)  # NaN if the block holds one
+    e = (((amax.view(torch.int32) >> 23) & 0xFF) - 127).clamp(min=MIN_EXPONENT).to(torch.float32)
+    return torch.where(amax.isfinite() & (e <= MAX_EXPONENT), e, float("nan"))
+
+
+def grid_round(x: torch.Tensor, *, axis: int = -1, block_size: int = 32) -> torch.Tensor:
+    """``x`` with each Hadamard block rounded to its grid (ties to even), in ``x``'s dtype (exact)."""
     if x.dtype not in INPUT_DTYPES:
         raise TypeError(f"the grid Hadamard takes {INPUT_DTYPES}, got {x.dtype}")
-    check_hadamard_args(x.shape[axis], block_size, signs)
+    axis = axis % x.dim()
+    check_hadamard_args(x.shape[axis], block_size)
     v = x.movedim(axis, -1).to(torch.float32).unflatten(-1, (-1, block_size))
-    return v if signs is None else v * signs.to(device=x.device, dtype=torch.float32)
-
-
-def grid_exponent(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each block's ``e`` (int32, [..., 1]) and whether it is finite, from its float32 maximum."""
-    amax = v.abs().amax(dim=-1, keepdim=True)  # NaN if the block holds one
-    finite = amax.isfinite()
-    e = ((amax.view(torch.int32) >> 23) & 0xFF) - 127
-    return torch.where(finite, e.clamp(min=MIN_EXPONENT), 0), finite
-
-
-def exp2(e: torch.Tensor) -> torch.Tensor:
-    """Exact float32 ``2**e`` for int32 ``e`` in [-126, 127]."""
-    return ((e + 127) << 23).view(torch.float32)
-
-
-def grid_units(v: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
-    """``round(v / 2**(e - 15))``, ties to even, as float32 integers (the product is exact or below
-    2**-126, where it rounds to 0 either way)."""
-    return torch.round(v * exp2(GRID_BITS - e))
+    # Adding 1.5 * 2**(e + 8), whose float32 spacing is g, rounds v to the grid once, ties to even;
+    # subtracting it back is exact and leaves +0 where v vanishes.
+    magic = 1.5 * torch.exp2(grid_exponent(v) + (23 - GRID_BITS))  # exact, NaN for a NaN block
+    q = (v + magic) - magic
+    return q.flatten(-2).movedim(-1, axis).to(x.dtype)
 
 
 def grid_hadamard_transform(
     x: torch.Tensor, *, axis: int = -1, block_size: int = 32, signs: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """The reference: grid rounding, the butterfly on the integers (exact), one rounding of
-    ``S * c * g`` in float32, then the input dtype."""
-    axis = axis % x.dim()
-    v = _blocks(x, axis, block_size, signs)
-    e, finite = grid_exponent(v)
-    s = walsh_hadamard_butterfly(grid_units(v, e))
-    scale = exp2(e - GRID_BITS) * torch.tensor(1 / math.sqrt(block_size), dtype=torch.float32)  # exact
-    y = torch.where(finite, s * scale, float("nan"))
-    return y.flatten(-2).movedim(-1, axis).to(x.dtype)
+    """The spec: today's fixed-order transform of the grid-rounded input (signs commute with the
+    rounding: it is symmetric and the block maximum ignores signs)."""
+    return hadamard_transform(grid_round(x, axis=axis, block_size=block_size), axis=axis, block_size=block_size, signs=signs)
 
 
 def grid_hadamard_oracle(
@@ -77,25 +70,11 @@ def grid_hadamard_oracle(
     if signs is not None:
         v = v * signs.to(device=x.device, dtype=torch.float64)
     amax = v.abs().amax(dim=-1, keepdim=True)
-    finite = amax.isfinite()
-    e = (torch.frexp(torch.where(finite, amax, 1.0)).exponent - 1).clamp(min=MIN_EXPONENT).to(torch.float64)
+    ok = amax.isfinite() & (amax < 2.0 ** (MAX_EXPONENT + 1))
+    e = (torch.frexp(torch.where(ok, amax, 1.0)).exponent - 1).clamp(min=MIN_EXPONENT).to(torch.float64)
     grid = torch.exp2(e - GRID_BITS)
-    q = torch.round(v / grid) * grid  # the grid values, exact in float64
-    c = float(torch.tensor(1 / math.sqrt(block_size), dtype=torch.float32))
-    y = (q @ hadamard_matrix(block_size, dtype=torch.float64, device=x.device)) * c  # exact
-    y = torch.where(finite, y, float("nan")).to(torch.float32)
-    return y.flatten(-2).movedim(-1, axis).to(x.dtype)
-
-
-def butterfly_on_grid_values(
-    x: torch.Tensor, *, axis: int = -1, block_size: int = 32, signs: torch.Tensor | None = None
-) -> torch.Tensor:
-    """Today's transform (float32 butterfly, then ``* c``) applied to the grid values ``n * g``:
-    the same bits as the spec wherever no float32 partial sum overflows (block maxima below 2**122)."""
-    axis = axis % x.dim()
-    v = _blocks(x, axis, block_size, signs)
-    e, finite = grid_exponent(v)
-    q = grid_units(v, e) * exp2(e - GRID_BITS)  # exact: e - 15 >= -115
-    y = walsh_hadamard_butterfly(q) * torch.tensor(1 / math.sqrt(block_size), dtype=torch.float32)
-    y = torch.where(finite, y, float("nan"))
+    q = torch.round(v / grid) * grid + 0.0  # the grid values, exact in float64, -0 made +0
+    c = float(torch.tensor(1 / math.sqrt(block_size), dtype=torch.float32))  # today's float32 factor
+    y = (q @ hadamard_matrix(block_size, dtype=torch.float64, device=x.device)) * c  # exact: 21 + 24 bits
+    y = torch.where(ok, y, float("nan")).to(torch.float32)
     return y.flatten(-2).movedim(-1, axis).to(x.dtype)
