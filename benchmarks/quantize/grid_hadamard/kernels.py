@@ -31,7 +31,7 @@ from adahop.kernels.mx_math import (
     round_to_input_dtype,
 )
 from adahop.kernels.quantize_blocks import block_scales, to_float32
-from adahop.transforms.hadamard import check_hadamard_args
+from adahop.transforms.hadamard import check_hadamard_args, hadamard_matrix
 
 from . import spec
 
@@ -52,26 +52,29 @@ def bf16_operand(v, NATIVE: tl.constexpr):
     return operand
 
 
-@triton.jit
-def sylvester_permuted(NATIVE: tl.constexpr):
-    """The 32 x 32 Sylvester Hadamard matrix ``(-1)**popcount(i & j)`` with its columns reordered so
-    that the dot's accumulator holds whole packed words in one thread: column ``c = 8k + 2w + b`` is
-    output element ``j = 8w + 2k + b``. An MMA accumulator gives lane ``w`` of a quad the columns
-    ``8k + 2w + b`` (k = 0..3, b = 0, 1), so it holds elements ``8w .. 8w + 7``, word ``w``."""
-    c = tl.arange(0, 32)[None, :]
+def permuted_hadamard(device: torch.device) -> torch.Tensor:
+    """The 32 x 32 Sylvester Hadamard matrix with its columns reordered so that the dot's accumulator
+    holds whole packed words in one thread: column ``c = 8k + 2w + b`` is output element
+    ``j = 8w + 2k + b``. An MMA accumulator gives lane ``w`` of a quad the columns ``8k + 2w + b``
+    (k = 0..3, b = 0, 1): elements ``8w .. 8w + 7``, word ``w``. bfloat16 on CUDA, float32 for the
+    interpreter (``bf16_operand``)."""
+    c = torch.arange(32)
     j = ((c >> 1) & 3) * 8 + (c >> 3) * 2 + (c & 1)
-    both = tl.arange(0, 32)[:, None] & j
-    parity = both ^ (both >> 4)
-    parity = parity ^ (parity >> 2)
-    parity = (parity ^ (parity >> 1)) & 1
-    return bf16_operand((parity * -2 + 1).to(tl.float32), NATIVE)
+    h = hadamard_matrix(32)[:, j].contiguous()
+    return h.to(device=device, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32)
 
 
 @triton.jit
-def grid_hadamard(v, hadamard_scale, SPEC: tl.constexpr):
+def load_hadamard(h_ptr):
+    return tl.load(h_ptr + tl.arange(0, 32)[:, None] * 32 + tl.arange(0, 32)[None, :])
+
+
+@triton.jit
+def grid_hadamard(v, h, hadamard_scale, SPEC: tl.constexpr):
     """The grid Hadamard of each row of ``v`` [R, 32] (float32, signs applied), rounded to the input
-    dtype, in ``sylvester_permuted``'s column order; NaN rows for blocks that become NaN (the MMA
-    carries NaN through). ``hadamard_scale`` is float32 ``1/sqrt(32)``."""
+    dtype, in ``permuted_hadamard``'s column order (``h``, that matrix as a dot operand); NaN rows
+    for blocks that become NaN (the MMA carries NaN through). ``hadamard_scale`` is float32
+    ``1/sqrt(32)``."""
     amax = tl.reduce(tl.abs(v), 1, max_keeping_nan)
     e = tl.maximum(exponent_field(amax.to(tl.int32, bitcast=True)), MIN_EXPONENT)
     # 1.5 * 2**(e + 8): its float32 spacing is the grid; adding it rounds v once, ties to even.
@@ -79,7 +82,6 @@ def grid_hadamard(v, hadamard_scale, SPEC: tl.constexpr):
     magic = tl.where((amax < float("inf")) & (e <= MAX_EXPONENT), magic, float("nan"))[:, None]
     q = v + magic - magic  # exact; +0 where v vanishes
     NATIVE: tl.constexpr = SPEC.native_casts
-    h = sylvester_permuted(NATIVE)
     if SPEC.input_bf16:  # bfloat16 grid values are bfloat16 values
         s = tl.dot(bf16_operand(q, NATIVE), h, out_dtype=tl.float32)
     else:  # float16 and float32 grid values: two exact bfloat16 parts, both multiples of the grid
@@ -93,7 +95,7 @@ def grid_hadamard(v, hadamard_scale, SPEC: tl.constexpr):
 @triton.jit
 def quantize_block_rows(y, word0, seed, SPEC: tl.constexpr):
     """Codes packed into words ([R, 4]) and E8M0 codes ([R]) of blocks ``y`` [R, 32] (columns in
-    ``sylvester_permuted``'s order) whose first word is ``word0`` [R] (int64; also the Philox
+    ``permuted_hadamard``'s order) whose first word is ``word0`` [R] (int64; also the Philox
     counter of its eight elements)."""
     R: tl.constexpr = y.shape[0]
     amax = tl.reduce(tl.abs(y), 1, max_keeping_nan)
@@ -119,6 +121,7 @@ def quantize_block_rows(y, word0, seed, SPEC: tl.constexpr):
 def _grid_rows_kernel(
     x_ptr,
     signs_ptr,
+    h_ptr,
     data_ptr,
     scale_ptr,
     M,
@@ -142,7 +145,7 @@ def _grid_rows_kernel(
     v = to_float32(x, SPEC.input_bf16)
     if SPEC.has_signs:
         v = v * tl.load(signs_ptr + tl.arange(0, 32))[None, None, :]
-    y = grid_hadamard(tl.reshape(v, [R, 32]), hadamard_scale, SPEC)
+    y = grid_hadamard(tl.reshape(v, [R, 32]), load_hadamard(h_ptr), hadamard_scale, SPEC)
     word0 = rows.to(tl.int64)[:, None] * (N // 8) + (blocks * 4)[None, :]
     words, packed, scale_codes = quantize_block_rows(y, tl.reshape(word0, [R]), seed, SPEC)
     ok = tl.reshape(ok, [R])
@@ -155,6 +158,7 @@ def _grid_rows_kernel(
 def _grid_cols_kernel(
     x_ptr,
     signs_ptr,
+    h_ptr,
     data_ptr,
     scale_ptr,
     M,
@@ -176,7 +180,7 @@ def _grid_cols_kernel(
     v = to_float32(tl.load(x_ptrs, mask=ok[:, None], other=0), SPEC.input_bf16)
     if SPEC.has_signs:
         v = v * tl.load(signs_ptr + rows)[None, :]
-    y = grid_hadamard(v, hadamard_scale, SPEC)
+    y = grid_hadamard(v, load_hadamard(h_ptr), hadamard_scale, SPEC)
     word0 = cols.to(tl.int64) * (M // 8) + r0 // 8
     words, packed, scale_codes = quantize_block_rows(y, word0, seed, SPEC)
     tl.store(data_ptr + words, packed, mask=ok[:, None])
@@ -209,6 +213,7 @@ def grid_launch(
     args = dict(
         x_ptr=x.view(torch.int16) if x.dtype == torch.bfloat16 else x,
         signs_ptr=x if signs is None else signs.to(device=x.device, dtype=torch.float32).contiguous(),
+        h_ptr=permuted_hadamard(x.device),
         data_ptr=data.view(torch.int32),
         scale_ptr=scales,
         M=M,

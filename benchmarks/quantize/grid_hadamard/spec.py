@@ -2,18 +2,20 @@
 grid every sum is exact, so any summation order (the butterfly's, a BLAS's, a tensor core's) gives
 the same bits.
 
-``grid_round``: each block ``v`` of ``block_size`` consecutive values along ``axis`` is rounded to
-multiples of ``g = 2**(e - 15)``, ``e = max(floor(log2(max|v|)), -100)``, ties to even: ``q = n * g``
-with integers ``|n| <= 2**16``, so values below ``g / 2`` vanish (to +0: with no -0 among the
-inputs, no order of the sums can make a -0, whose sign bit an MXFP4 code keeps). ``q`` is exact in the input dtype
-(bfloat16 keeps 8 significant bits of values at least ``2**(e - 8)``, below which ``n < 2**7``;
-float16 likewise with 11). A block holding a NaN or Inf, or whose maximum is at least ``2**119``,
-becomes NaN. Then ``grid_hadamard_transform = hadamard_transform(grid_round(x))``: the partial sums
-of the butterfly are multiples of ``g`` below ``2**21 * g`` (``2**24 * g`` for 256-point blocks)
-and at most ``2**127``, exact in float32 in any order; only the final multiply by ``1/sqrt(n)``
-and the rounding to the input dtype round, as today. The floor of -100 keeps ``g`` a normal
-float32 (no subnormal operand or sum anywhere); ``2**119`` keeps every partial sum of a 256-point
-block finite and the rounding constant ``1.5 * 2**(e + 8)`` a float32.
+``grid_round``: each block ``v`` of ``block_size`` consecutive values along ``axis``, times the
+random signs, is rounded to multiples of ``g = 2**(e - 15)``, ``e = max(floor(log2(max|v|)), -100)``,
+ties to even: ``q = n * g`` with integers ``|n| <= 2**16``; values below ``g / 2`` vanish, to +0
+(with no -0 among the addends no order of the sums makes a -0, whose sign an MXFP4 code keeps).
+``q`` is exact in the input dtype (bfloat16 keeps 8 significant bits of values of at least
+``2**(e - 8)``, below which ``|n| <= 2**7``; float16 likewise with 11). A block holding a NaN or
+Inf, or whose maximum is at least ``2**119``, becomes NaN.
+
+``grid_hadamard_transform(x, signs) = hadamard_transform(grid_round(x, signs))`` (no signs left to
+apply): the butterfly's partial sums are multiples of ``g`` below ``2**21 * g`` (``2**24 * g`` for
+256-point blocks) and ``2**128``, exact in float32 in any order; only the final multiply by
+``1/sqrt(n)`` and the rounding to the input dtype round, as today. The floor of -100 keeps ``g`` a
+normal float32 (no subnormal operand or sum anywhere); ``2**119`` keeps every partial sum of a
+256-point block finite and the rounding constant ``1.5 * 2**(e + 8)`` a float32.
 """
 
 from __future__ import annotations
@@ -38,13 +40,18 @@ def grid_exponent(v: torch.Tensor) -> torch.Tensor:
     return torch.where(amax.isfinite() & (e <= MAX_EXPONENT), e, float("nan"))
 
 
-def grid_round(x: torch.Tensor, *, axis: int = -1, block_size: int = 32) -> torch.Tensor:
-    """``x`` with each Hadamard block rounded to its grid (ties to even), in ``x``'s dtype (exact)."""
+def grid_round(
+    x: torch.Tensor, *, axis: int = -1, block_size: int = 32, signs: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``x`` times the signs, each Hadamard block rounded to its grid (ties to even), in ``x``'s dtype
+    (exact). The signs come first: a sign flips a zero to -0, which the rounding makes +0."""
     if x.dtype not in INPUT_DTYPES:
         raise TypeError(f"the grid Hadamard takes {INPUT_DTYPES}, got {x.dtype}")
     axis = axis % x.dim()
-    check_hadamard_args(x.shape[axis], block_size)
+    check_hadamard_args(x.shape[axis], block_size, signs)
     v = x.movedim(axis, -1).to(torch.float32).unflatten(-1, (-1, block_size))
+    if signs is not None:
+        v = v * signs.to(device=x.device, dtype=torch.float32)
     # Adding 1.5 * 2**(e + 8), whose float32 spacing is g, rounds v to the grid once, ties to even;
     # subtracting it back is exact and leaves +0 where v vanishes.
     magic = 1.5 * torch.exp2(grid_exponent(v) + (23 - GRID_BITS))  # exact, NaN for a NaN block
@@ -55,9 +62,9 @@ def grid_round(x: torch.Tensor, *, axis: int = -1, block_size: int = 32) -> torc
 def grid_hadamard_transform(
     x: torch.Tensor, *, axis: int = -1, block_size: int = 32, signs: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """The spec: today's fixed-order transform of the grid-rounded input (signs commute with the
-    rounding: it is symmetric and the block maximum ignores signs)."""
-    return hadamard_transform(grid_round(x, axis=axis, block_size=block_size), axis=axis, block_size=block_size, signs=signs)
+    """The spec: today's fixed-order transform (no signs left to apply) of the signed, grid-rounded input."""
+    q = grid_round(x, axis=axis, block_size=block_size, signs=signs)
+    return hadamard_transform(q, axis=axis, block_size=block_size)
 
 
 def grid_hadamard_oracle(
