@@ -45,7 +45,7 @@ from ..transforms.hadamard import check_hadamard_args
 from .launch import QuantizeSpec, cdiv, quantize_spec, seed_pointer, zero_seed
 from .quantize_general import _quantize_mx_kernel
 from .quantize_mxfp4 import _quantize_cols_kernel, _quantize_rows_kernel
-from .quantize_tiling import COLWISE_SR_MAX_REGISTERS, GENERAL_COLWISE_TILING, QuantizeTiling, default_tiling
+from .quantize_tiling import GENERAL_COLWISE_TILING, H32_SR_MAX_REGISTERS, QuantizeTiling, default_tiling
 
 
 @dataclass(frozen=True)
@@ -115,14 +115,16 @@ def _launch_plan(
         sizes = dict(M=M, N=N, stride_m=strides[0], n_padded=n_padded)
         outputs = (("data_ptr", "scale_ptr"), None)
         constexprs.update(BLOCK_M=tiling.block_m, BLOCK_N=tiling.block_n)
+        if spec.stochastic and spec.hadamard and tiling.max_registers is None:
+            constexprs["maxnreg"] = H32_SR_MAX_REGISTERS
     elif kernel is _quantize_cols_kernel:
         grid = (cdiv(M, 32), cdiv(N, tiling.block_n))
         sizes = dict(M=M, N=N, m_padded=m_padded)
         outputs = (None, ("data_ptr", "scale_ptr"))
         masked = M % 32 != 0 or N % tiling.block_n != 0
         constexprs.update(STRIDE_M=strides[0], BLOCK_N=tiling.block_n, MASKED=masked)
-        if spec.stochastic and not (masked or spec.scores) and tiling.max_registers is None:
-            constexprs["maxnreg"] = COLWISE_SR_MAX_REGISTERS
+        if spec.stochastic and spec.hadamard and not (masked or spec.scores) and tiling.max_registers is None:
+            constexprs["maxnreg"] = H32_SR_MAX_REGISTERS
     else:
         kernel = _quantize_mx_kernel
         sizes = dict(M=M, N=N, stride_m=strides[0], stride_n=strides[1], m_padded=m_padded, n_padded=n_padded)

@@ -54,11 +54,13 @@ CUDA_TILINGS = {
     ("both", False): QuantizeTiling(block_m=16, block_n=128, num_warps=1),
     ("both", True): QuantizeTiling(block_m=32, block_n=128, num_warps=4),
 }
-# With the Hadamard and stochastic rounding the column-wise kernel takes 72 registers (28 warps an
-# SM): capped at 64 it holds 32 warps, with the same instructions and no spills, so a 16384 x 512 dY
-# takes 2 waves instead of 3. Applied to whole tiles without scores only, where
-# ptxas does not spill at 64 (benchmarks/quantize/2026-12-05-sm90-colwise-compile.md).
-COLWISE_SR_MAX_REGISTERS = 64
+# With the Hadamard and stochastic rounding, the whole-block kernels are capped at 64 registers
+# (32 warps an SM) where ptxas does not spill at 64 (Triton 3.6, sm_90): the row-wise kernel (80
+# uncapped with 8-bit noise: 24 warps) and the column-wise one on whole tiles without scores (72 with
+# 16-bit noise; 64 uncapped since), the same instructions either way, so a 16384 x 512 dY takes 2
+# waves instead of 3. Without the Hadamard the column-wise kernel spills at 64 and takes 72
+# (benchmarks/quantize/2026-12-05-sm90-colwise-compile.md, 2026-12-05-sr-noise-sm90.md).
+H32_SR_MAX_REGISTERS = 64
 # Column-wise cases the general kernel serves (other formats and block sizes): a block must not
 # span warps (Triton lays warps along a tile's rows and reduces across them through shared
 # memory, several times slower on the H200), so the tile takes one warp.
