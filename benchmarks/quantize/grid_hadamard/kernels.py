@@ -95,8 +95,8 @@ def grid_hadamard(v, h, hadamard_scale, SPEC: tl.constexpr):
 @triton.jit
 def quantize_block_rows(y, word0, seed, SPEC: tl.constexpr):
     """Codes packed into words ([R, 4]) and E8M0 codes ([R]) of blocks ``y`` [R, 32] (columns in
-    ``permuted_hadamard``'s order) whose first word is ``word0`` [R] (int64; also the Philox
-    counter of its eight elements)."""
+    ``permuted_hadamard``'s order) whose first word is ``word0`` [R] (int64: eight elements a word,
+    sixteen a Philox call, so the block's calls are ``word0 // 2`` and the next)."""
     R: tl.constexpr = y.shape[0]
     amax = tl.reduce(tl.abs(y), 1, max_keeping_nan)
     inv_scale, limit, sign_weight, scale_codes = block_scales(
@@ -106,7 +106,8 @@ def quantize_block_rows(y, word0, seed, SPEC: tl.constexpr):
     limit, sign_weight = limit[:, None], sign_weight[:, None]
     words = word0[:, None] + tl.arange(0, 4)[None, :]
     if SPEC.stochastic:
-        noise = tl.reshape(philox_noise_runs(seed, words), [R, 4, 4, 2])  # [R, w, k, b]
+        calls = (word0 // 2)[:, None] + tl.arange(0, 2)[None, :]
+        noise = tl.reshape(philox_noise_runs(seed, calls), [R, 4, 4, 2])  # [R, w, k, b]
         noise = tl.reshape(tl.permute(noise, (0, 2, 1, 3)), [R, 32])  # column order 8k + 2w + b
         codes = encode_elements(scaled, noise, limit, sign_weight, True, SPEC.mbits, SPEC.emin)
     else:
