@@ -9,6 +9,7 @@ import shutil
 import pytest
 import torch
 
+from adahop.formats import philox
 from adahop.nn import adahop_layers
 from adahop.train import (
     CheckpointError,
@@ -73,15 +74,25 @@ def as_if_written_on_cuda(state: dict) -> None:
 
 # Resume at step 1 while calibrating (votes in the checkpoint) and at step 4, after the freeze
 # (plan in the checkpoint; stochastic rounding draws its seeds from torch's restored generator);
-# and at step 4 from a checkpoint whose optimizer ran fused, as on CUDA: this process runs it unfused.
-@pytest.mark.parametrize(("stop_after", "written_on_cuda"), [(1, False), (4, False), (4, True)])
-def test_resume_is_bit_exact(stop_after, written_on_cuda, straight_run, small_overrides, tmp_path, monkeypatch, caplog):
+# at step 4 from a checkpoint whose optimizer ran fused, as on CUDA: this process runs it unfused;
+# and at step 4 from a checkpoint written before the 8-bit noise layout (no `sr_noise`): the run
+# goes on, saying in the log and in metrics.jsonl that its noise bits differ from that adahop's.
+@pytest.mark.parametrize(
+    ("stop_after", "written_on_cuda", "old_noise"),
+    [(1, False, False), (4, False, False), (4, True, False), (4, False, True)],
+)
+def test_resume_is_bit_exact(
+    stop_after, written_on_cuda, old_noise, straight_run, small_overrides, tmp_path, monkeypatch, caplog
+):
     out = tmp_path / "resumed"
     cfg = load_config(None, exact_run_overrides(small_overrides, out, checkpoint__interval=stop_after))
 
     def save_then_crash(path, state):
         if written_on_cuda:
             as_if_written_on_cuda(state)
+        assert state["sr_noise"] == philox.NOISE_LAYOUT
+        if old_noise:
+            del state["sr_noise"]
         ckpt.save_checkpoint(path, state)
         if state["step"] == stop_after:
             raise Interrupted
@@ -101,9 +112,16 @@ def test_resume_is_bit_exact(stop_after, written_on_cuda, straight_run, small_ov
     ]
 
     def losses(run):
-        return [(r["kind"], r["step"], r["loss"]) for r in read_metrics(run)]
+        return [(r["kind"], r["step"], r["loss"]) for r in read_metrics(run) if r["kind"] != "resume"]
 
     assert losses(out) == losses(straight_run.run_dir)  # every train and validation loss, exactly
+    noted = [r.getMessage() for r in caplog.records if "other stochastic-rounding noise" in r.getMessage()]
+    resumes = [r["changes"] for r in read_metrics(out) if r["kind"] == "resume"]
+    if old_noise:
+        change = f"stochastic-rounding noise ({philox.NOISE_LAYOUTS[1]}) -> ({philox.NOISE_LAYOUTS[2]})"
+        assert len(noted) == 1 and noted[0].endswith(f"({change})") and resumes == [[change]]
+    else:
+        assert not noted and not resumes
     assert not any(group["fused"] for group in resumed.optimizer.param_groups)
     layers = adahop_layers(resumed.model).values()
     assert not any(layer.calibrating for layer in layers)

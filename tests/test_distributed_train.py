@@ -323,6 +323,8 @@ def test_resume_on_two_ranks_is_bit_exact(runs):
     crashed = results[2]
     assert sum(err.count("error:") for _, err in crashed) == 1  # one message for the run
     assert losses(root / "resumed") == losses(root / "straight")  # every train and validation loss
+    # The sharded checkpoint records its noise layout: no "other stochastic-rounding noise" resume record.
+    assert not [r for r in read_metrics(root / "resumed") if r["kind"] == "resume"]
     # Pattern telemetry after calibration (votes merged over ranks) leaves the training numbers alone.
     patterns = [r for r in read_metrics(root / "resumed") if r["kind"] == "patterns"]
     assert [(r["step"], r["layers"]) for r in patterns] == [(4, 7), (6, 7)]

@@ -44,6 +44,13 @@ WORDS_PER_CALL = 4
 NOISE_BITS = 8
 VALUES_PER_WORD = 32 // NOISE_BITS
 VALUES_PER_CALL = WORDS_PER_CALL * VALUES_PER_WORD
+# Versions of the noise layout (which bits of which call an element takes), recorded in checkpoints:
+# a run resumed under another layout draws other noise from the same seeds.
+NOISE_LAYOUTS = {
+    1: "16 bits per element, 8 elements per Philox call (until 2026-12-05)",
+    2: "8 bits per element, 16 elements per Philox call",
+}
+NOISE_LAYOUT = 2
 _MASK32 = 0xFFFFFFFF
 _NOISE_MASK = (1 << NOISE_BITS) - 1
 

@@ -12,6 +12,7 @@ A checkpoint is one ``torch.save`` file, ``<run_dir>/checkpoints/step_XXXXXXX.pt
 | `rng`       | torch CPU/CUDA (stochastic-rounding seeds come from these), Python and NumPy generator states |
 | `config`    | the run's resolved `TrainConfig.to_dict()`                                |
 | `data_fingerprint` | what it trains on: source, token count, SHA-256 of the tokens (`builders.data_fingerprint`) |
+| `sr_noise`  | the stochastic-rounding noise layout (`formats.philox.NOISE_LAYOUT`; absent: 1, the 16-bit one) |
 | `osci_reset` | under `recipe.osci_reset`: the de-oscillation's per-element state (`OsciReset.state_dict`) |
 
 It is written to a temporary file in the same directory, flushed to disk and then renamed over
@@ -38,6 +39,7 @@ import torch
 from torch import nn
 
 from ..atomic import atomic_file
+from ..formats.philox import NOISE_LAYOUT, NOISE_LAYOUTS
 from ..nn import OsciReset
 from ..recipes import Recipe
 from .checkpoint_files import (
@@ -121,6 +123,7 @@ def training_state(
         "rng": rng_state(),
         "config": config,
         "data_fingerprint": data_fingerprint,
+        "sr_noise": NOISE_LAYOUT,
     }
     if osci_reset is not None:
         state["osci_reset"] = osci_reset.state_dict()
@@ -242,6 +245,18 @@ def check_matches(path: Path, saved: dict[str, Any], current: dict[str, Any]) ->
                 f"{path}: written with {section}.{key}={written!r}, which a resumed run cannot change "
                 f"({fixed}; config: {current[section][key]!r}); resume with it, or start a new run with another --out"
             )
+
+
+def noise_layout_change(state: dict[str, Any]) -> str | None:
+    """``"stochastic-rounding noise (old) -> (new)"`` when the checkpoint was written under another
+    noise layout (one without ``sr_noise`` predates the 8-bit layout), else None. Not an error: the
+    resumed steps draw noise of the same distribution from the same seeds, but not the bits the
+    adahop that wrote the checkpoint would have drawn."""
+    written = int(state.get("sr_noise", 1))
+    if written == NOISE_LAYOUT:
+        return None
+    old = NOISE_LAYOUTS.get(written, f"layout {written}, from a newer adahop")
+    return f"stochastic-rounding noise ({old}) -> ({NOISE_LAYOUTS[NOISE_LAYOUT]})"
 
 
 def config_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:

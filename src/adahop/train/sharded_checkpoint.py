@@ -7,7 +7,7 @@ writes its shards into. It holds what a single-process checkpoint holds:
 |-------------|-------------------------------------------------------------------------------|
 | `model`     | the parameters, sharded (DCP reshards them for any number of ranks on load)  |
 | `optimizer` | AdamW's state by parameter name, sharded alike                                |
-| `train`     | `format`, `step`, `scheduler`, `config`, `data_fingerprint` and the `world_size` that wrote it |
+| `train`     | `format`, `step`, `scheduler`, `config`, `data_fingerprint`, the `world_size` that wrote it and `sr_noise` (as in `checkpoint`) |
 | `ranks.R`   | rank R's data position, random generators and each AdaHOP layer's plan and calibration votes (votes are per rank until the plan freezes); under `recipe.osci_reset` its count of resets |
 | `osci_reset` | under `recipe.osci_reset`: the de-oscillation's per-element state, sharded as the weights (DCP reshards it too) |
 
@@ -45,6 +45,7 @@ from torch.distributed.checkpoint import CheckpointException, FileSystemWriter
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from ..atomic import publish_dir
+from ..formats.philox import NOISE_LAYOUT
 from ..nn import OsciReset, adahop_layers
 from .checkpoint_files import (
     CHECKPOINT_DIR,
@@ -172,6 +173,7 @@ def save_sharded(
         "config": config,
         "data_fingerprint": data_fingerprint,  # rank 0's: it alone reads the data's fingerprint
         "world_size": world_size,
+        "sr_noise": NOISE_LAYOUT,
     }
     own = {"data": loader.state_dict(), "rng": rng_state(), "layers": layers}
     state = {"model": model_state, "optimizer": optim_state, "train": _as_tensors(train)}

@@ -53,6 +53,7 @@ from .checkpoint import (
     check_matches,
     config_changes,
     newest_readable,
+    noise_layout_change,
     restore_state,
     save_checkpoint,
     training_state,
@@ -255,6 +256,21 @@ class Trainer:
             log.info(
                 "resuming with a changed config (applied from step %d): %s", step + 1, ", ".join(self._config_changes)
             )
+        noise = noise_layout_change(state)
+        recipe = self.cfg.recipe
+        if (
+            noise
+            and recipe.strategy != "bf16"
+            and "stochastic" in (recipe.rounding, recipe.grad_rounding, recipe.backward_rounding)
+        ):
+            log.warning(
+                "warning: %s was written by an adahop with other stochastic-rounding noise: from step %d on the "
+                "run rounds with the same seeds but other bits than that adahop would have drawn (%s)",
+                path,
+                step + 1,
+                noise,
+            )
+            self._config_changes.append(noise)
 
     def _check_data(self, path: Path, saved: dict | None, accept: bool) -> None:
         """Refuse to resume on data other than the checkpoint's (a checkpoint that predates
