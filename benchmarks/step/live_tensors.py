@@ -181,7 +181,7 @@ def peak_of(fn, per: int) -> tuple[object, float]:
     return out, round(peak / per, 4)
 
 
-def run(recipe: str, compiled: bool, accum: int, frozen_steps: int = 2) -> list[dict]:
+def run(recipe: str, compiled: bool, accum: int, n_layers: int = 2, frozen_steps: int = 2) -> list[dict]:
     import adahop.bench.step as step_bench
 
     case = Case("tiny", 2 if accum == 1 else 1, ((recipe, "eager"),), accum=accum, seq_len=32)
@@ -191,7 +191,8 @@ def run(recipe: str, compiled: bool, accum: int, frozen_steps: int = 2) -> list[
     with tempfile.TemporaryDirectory() as out:
         previous, step_bench.CALIBRATION_STEPS = step_bench.CALIBRATION_STEPS, CALIBRATION_STEPS
         try:
-            trainer = _trainer(recipe, case, mode, SETTINGS, out)
+            overrides = (*SETTINGS.model_overrides, ("n_layers", n_layers))  # the later pair wins
+            trainer = _trainer(recipe, case, mode, dataclasses.replace(SETTINGS, model_overrides=overrides), out)
         finally:
             step_bench.CALIBRATION_STEPS = previous
         per = linear_weight_elements(trainer.model)
@@ -224,8 +225,39 @@ def run(recipe: str, compiled: bool, accum: int, frozen_steps: int = 2) -> list[
             step(f"{trainer.phase} step {i + 1} (after the optimizer step)")
         rows[-1]["compiled"] = trainer._compiled
     for row in rows:
-        row.update(recipe=recipe, mode=mode, accum=accum, linear_weight_elements=per)
+        row.update(recipe=recipe, mode=mode, accum=accum, n_layers=n_layers, linear_weight_elements=per)
     return rows
+
+
+COMMON = ("parameters", "gradients", "optimizer state")  # what every recipe holds
+
+
+def markdown(rows: list[dict]) -> str:
+    """Per run: what it holds beyond parameters, gradients and optimizer state after its last step and
+    between two micro-batches, the optimizer state made after the first step began, and the micro-steps'
+    transient peak, in bytes per linear weight element."""
+    lines = [
+        "| recipe | mode | accum | held beyond params, grads, moments after the last step | between micro-batches "
+        "| moments made after the first step began | micro-step peak (frozen) |",
+        "|---|---|---:|---|---|---:|---:|",
+    ]
+    runs: dict[tuple, list[dict]] = defaultdict(list)
+    for row in rows:
+        runs[row["recipe"], row["mode"], row["accum"]].append(row)
+
+    def beyond(row: dict) -> str:
+        held = {k: v for k, v in row["bytes_per_linear_weight"].items() if k not in COMMON and v >= 0.02}
+        return ", ".join(f"{k} {v:.2f}" for k, v in held.items()) or "-"
+
+    for (recipe, mode, accum), phases in runs.items():
+        last = phases[-1]
+        mid = next((r for r in phases if r["phase"].startswith("mid")), None)
+        born = last.get("born_since_bytes_per_linear_weight", {}).get("optimizer state", 0.0)
+        lines.append(
+            f"| {recipe} | {mode} | {accum} | {beyond(last)} | {'-' if mid is None else beyond(mid)} | {born:.2f} "
+            f"| {last['micro_step_peak_bytes_per_linear_weight']:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def main() -> None:
@@ -234,18 +266,20 @@ def main() -> None:
     parser.add_argument("--recipes", nargs="+", default=list(RECIPES))
     parser.add_argument("--modes", nargs="+", default=["eager", "compile"])
     parser.add_argument("--accum", nargs="+", type=int, default=[1, 2])
+    parser.add_argument("--n-layers", type=int, default=2, help="blocks: per-block items fall per linear weight")
     a = parser.parse_args()
     rows = []
     for recipe in a.recipes:
         for mode in a.modes:
             for accum in a.accum:
-                for row in run(recipe, mode == "compile", accum):
+                for row in run(recipe, mode == "compile", accum, a.n_layers):
                     print(json.dumps(row), flush=True)
                     rows.append(row)
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)
         meta = {"torch": torch.__version__, "python": platform.python_version()}
         (a.out / "live_tensors.json").write_text(json.dumps({**meta, "rows": rows}, indent=1) + "\n")
+        (a.out / "live_tensors.md").write_text(markdown(rows))
 
 
 if __name__ == "__main__":

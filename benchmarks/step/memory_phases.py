@@ -6,10 +6,14 @@ adahop recipes' reserved memory, which is 6-7 GiB above what their saved tensors
 recipe as ``adahop bench --only step`` does (same trainer, case and mode) and records, after each phase
 (calibration, the first frozen step: compilation and the eager warm-up, the capture step, the timed
 steps), the peak reserved and allocated memory of that phase, the caching allocator's
-``inactive_split_bytes`` (free but unusable: fragmentation) and the bytes of each memory pool's
-segments (a CUDA graph's private pool apart from the rest). ``--snapshot`` also writes the allocator's
-history of the capture step (``torch.cuda.memory._dump_snapshot``; open it at
-https://pytorch.org/memory_viz).
+``inactive_split_bytes`` (free but unusable: fragmentation), each memory pool's reserved and allocated
+bytes and its ``pinned_free`` bytes (free inside segments that also hold a live block: a CUDA graph's
+private pool cannot use the default pool's), and what the run holds (parameters, gradients, optimizer
+state, W's operands kept over an optimizer step). ``--snapshot`` also writes the allocator's history of
+the capture step (``torch.cuda.memory._dump_snapshot``; open it at https://pytorch.org/memory_viz).
+``--lazy-optimizer-state`` makes the optimizer state at the first step, as before
+``train.optim.allocate_state``: for adaptive recipes that step is an eager calibrating one, and the A/B
+tells whether its moments pinning freed segments is the excess (benchmarks/linear/2026-12-05-cpu-saved-bytes).
 
     python benchmarks/step/memory_phases.py --recipe adahop_lv2 --case llama3_1b_8x2048 --out $OUT
     python benchmarks/step/memory_phases.py --recipe bf16 --dry-run   # the plumbing, on the CPU

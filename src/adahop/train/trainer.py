@@ -188,6 +188,8 @@ class Trainer:
         self.memory = PeakMemory(self.device)
         if checkpoint is not None:
             self._resume_from(*checkpoint)
+        if self.device.type == "cuda":  # what sharding or loading freed goes back first: the moments get new segments
+            torch.cuda.empty_cache()
         allocate_state(self.optimizer)  # before any step: in segments of its own (optim.allocate_state)
         self.scheduler = build_lr_scheduler(self.optimizer, cfg.optim, cfg.training.steps, self.step)
         if self.env.is_main:
