@@ -32,12 +32,12 @@ MAX_EXPONENT = 118  # blocks with max|v| >= 2**119 become NaN: partial sums stay
 INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def grid_exponent(v: torch.Tensor) -> torch.Tensor:
-    """Each float32 block's ``e`` ([..., 1], float32: exact small integers), NaN for a block that
-    becomes NaN, read from its maximum's float32 exponent field (subnormal maxima read -127)."""
+def grid_exponent(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each float32 block's ``e`` (int32, [..., 1]) and whether the block stays a number, read from its
+    maximum's float32 exponent field (subnormal maxima read -127, then the floor)."""
     amax = v.abs().amax(dim=-1, keepdim=True)  # NaN if the block holds one
-    e = (((amax.view(torch.int32) >> 23) & 0xFF) - 127).clamp(min=MIN_EXPONENT).to(torch.float32)
-    return torch.where(amax.isfinite() & (e <= MAX_EXPONENT), e, float("nan"))
+    e = (((amax.view(torch.int32) >> 23) & 0xFF) - 127).clamp(min=MIN_EXPONENT)
+    return e, amax.isfinite() & (e <= MAX_EXPONENT)
 
 
 def grid_round(
@@ -54,7 +54,9 @@ def grid_round(
         v = v * signs.to(device=x.device, dtype=torch.float32)
     # Adding 1.5 * 2**(e + 8), whose float32 spacing is g, rounds v to the grid once, ties to even;
     # subtracting it back is exact and leaves +0 where v vanishes.
-    magic = 1.5 * torch.exp2(grid_exponent(v) + (23 - GRID_BITS))  # exact, NaN for a NaN block
+    e, ok = grid_exponent(v)
+    magic = (((e + (23 - GRID_BITS + 127)) << 23) | 0x400000).view(torch.float32)  # from bits: exact anywhere
+    magic = torch.where(ok, magic, float("nan"))
     q = (v + magic) - magic
     return q.flatten(-2).movedim(-1, axis).to(x.dtype)
 
@@ -78,8 +80,8 @@ def grid_hadamard_oracle(
         v = v * signs.to(device=x.device, dtype=torch.float64)
     amax = v.abs().amax(dim=-1, keepdim=True)
     ok = amax.isfinite() & (amax < 2.0 ** (MAX_EXPONENT + 1))
-    e = (torch.frexp(torch.where(ok, amax, 1.0)).exponent - 1).clamp(min=MIN_EXPONENT).to(torch.float64)
-    grid = torch.exp2(e - GRID_BITS)
+    e = (torch.frexp(torch.where(ok, amax, 1.0)).exponent - 1).clamp(min=MIN_EXPONENT).to(torch.int64)
+    grid = ((e - GRID_BITS + 1023) << 52).view(torch.float64)  # 2**(e - 15) from bits: exact on any device
     q = torch.round(v / grid) * grid + 0.0  # the grid values, exact in float64, -0 made +0
     c = float(torch.tensor(1 / math.sqrt(block_size), dtype=torch.float32))  # today's float32 factor
     y = (q @ hadamard_matrix(block_size, dtype=torch.float64, device=x.device)) * c  # exact: 21 + 24 bits
