@@ -68,7 +68,8 @@ def same(a: MXTensor, b: MXTensor) -> bool:
 
 def special_blocks(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """64 x 256 of blocks (32 along either axis) that stress the spec: NaN, +-Inf, zeros and -0, exact
-    ties on the grid, subnormal, tiny (< 2**-100) and huge (>= 2**119 and just below) maxima."""
+    ties on the grid, subnormal, tiny (< 2**-100) and huge (>= 2**119 and just below) maxima, and
+    sums that need every bit down to the grid unit."""
     gen = torch.Generator().manual_seed(7)
     x = torch.randn(64, 256, generator=gen, dtype=torch.float64)
     x[:32, :32], x[32:, 32:64], x[:, 64:96] = float("nan"), float("inf"), 0.0
@@ -80,6 +81,9 @@ def special_blocks(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     x[:, 160:192] *= 2.0 ** (-14 if dtype == torch.float16 else -105)
     x[:32, 192:224] = x[:32, 192:224].sign() * big * 1.9  # maxima just below 2**119 (bf16/fp32)
     x[32:, 192:224] = x[32:, 192:224] * big * 4  # 2**120 and more: NaN blocks
+    # Widest sums: 31 values of 255/128 (8 bits) and one grid unit per row and per column block, so a
+    # sum needs all 21 bits down to the unit: an accumulator that kept fewer would drop it.
+    x[:32, 224:256] = torch.where(torch.eye(32, dtype=torch.bool), 2.0**-15, 255 / 128)
     if dtype == torch.float16:
         x = torch.where(x.isfinite(), x.clamp(-65504, 65504), x)
     return x.to(device=device, dtype=dtype)

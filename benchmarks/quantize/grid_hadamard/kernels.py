@@ -5,10 +5,10 @@ They equal ``quantize_mx(grid_hadamard_transform(x, axis=axis, signs=signs), axi
 for bit: bfloat16 grid values are bfloat16 operands (float16 and float32 ones are split into two
 exact bfloat16 parts, two dots into one accumulator), every product and partial sum is a multiple
 of the grid below ``2**22`` of its units, so no accumulation order, alignment or truncation of
-the tensor cores can change it. Scales,
-noise, encoding and packing are the device functions of ``adahop.kernels`` that today's
-``quantize_mxfp4`` kernels use; each MX block is one row of a ``[blocks, 32]`` tile, as in the
-column-wise kernel. No outlier scores and no padding inside a block (a prototype for timing).
+the tensor cores can change it. Scales, noise, encoding and packing are the device functions of
+``adahop.kernels`` that today's ``quantize_mxfp4`` kernels use; each MX block is one row of a
+``[blocks, 32]`` tile, as in the column-wise kernel. No outlier scores and no padding inside a block
+(a prototype for timing; ``benchmarks/quantize/2026-12-05-hadamard-tensor-cores.md``).
 """
 
 from __future__ import annotations
@@ -88,8 +88,10 @@ def grid_hadamard(v, h, hadamard_scale, SPEC: tl.constexpr):
         hi = round_to_bf16(q, NATIVE)
         s = tl.dot(bf16_operand(hi, NATIVE), h, out_dtype=tl.float32)
         s = tl.dot(bf16_operand(q - hi, NATIVE), h, acc=s, out_dtype=tl.float32)
+    # "+ 0.0" (one FFMA, as cheap as the FMUL) turns a -0 into +0: the butterfly never makes one, but
+    # the sign of an MMA's exact zero is the hardware's.
     ROUND_TO: tl.constexpr = SPEC.round_to
-    return round_to_input_dtype(s * hadamard_scale, ROUND_TO, NATIVE)
+    return round_to_input_dtype(s * hadamard_scale + 0.0, ROUND_TO, NATIVE)
 
 
 @triton.jit
