@@ -46,6 +46,7 @@ from ..policy.calibration import PatternVotes, Voter, add_step_buffers, close_vo
 from ..policy.strategies import GEMMS, ROLES, LayerPlan, Strategy, plan_for_patterns
 from ..recipes import DEFAULT_RECIPE, Recipe, get_recipe
 from ..transforms import random_signs
+from .compiling import wgrad_operand_region
 from .gathered import gathered_operands
 from .state import decode_state, encode_state, new_state
 from .weight_cache import OFF, KeptOperands, OperandCache, caching, operand_cache
@@ -158,7 +159,8 @@ class _AdaHOPLinearFn(torch.autograd.Function):
 
         # Backward operands, prepared now from the high-precision tensors (quantize and
         # transpose do not commute): Xᵀ is wgrad's R, Wᵀ dgrad's R.
-        wgrad_r = prepare_operand(x.t(), plan.wgrad, "R", cfg.saved, oe_k=cfg.oe_k, seed=cfg.xt_seed)
+        with wgrad_operand_region(cfg.xt_seed):  # recomputed in backward where compiled to (nn.compiling)
+            wgrad_r = prepare_operand(x.t(), plan.wgrad, "R", cfg.saved, oe_k=cfg.oe_k, seed=cfg.xt_seed)
         if w_tiles:
             dgrad_r = w_tiles[1]
         elif "dgrad" in w_operands:
@@ -192,7 +194,8 @@ class _AdaHOPLinearFn(torch.autograd.Function):
             grad_x = tn_matmul(l, dgrad_r, x_dtype, fast_accum=cfg.grad_fast_accum)
         if ctx.needs_input_grad[1]:
             l = prepare_operand(grad_out.t(), plan.wgrad, "L", cfg.grad, oe_k=cfg.oe_k, seed=cfg.wgrad_seed)
-            grad_w = tn_matmul(l, wgrad_r, w_dtype, fast_accum=cfg.grad_fast_accum)
+            with wgrad_operand_region(cfg.xt_seed):  # reads what the partitioner recomputes, if told to
+                grad_w = tn_matmul(l, wgrad_r, w_dtype, fast_accum=cfg.grad_fast_accum)
         return grad_x, grad_w, None, None, None
 
 
