@@ -236,3 +236,29 @@ def test_roofline_model_predicts_every_preparation_call_of_a_committed_h200_step
             roofline.SELECT,
         }
     assert script.committed_roofline(case, case["runs"]["bf16/compile"]) is None
+
+
+def test_step_bench_mode_suffixes_set_their_training_knobs(monkeypatch, tmp_path):
+    """A mode's ``-w-each`` and ``-recompute`` (either, both, in any order) name the A/B runs of
+    ``training.weight_operands_once_per_step`` and ``training.recompute_wgrad_operands``."""
+    from adahop.bench import step
+
+    assert step.base_mode("compile+graph-w-each-recompute") == "compile+graph"
+    assert step.base_mode("fastest-recompute-w-each") == "fastest"
+    runs = ["adahop_lv2/fastest-recompute", "adahop_lv2/compile+graph-recompute-w-each"]
+    (case,) = step.select_cases(["llama3_1b_8x2048"], runs)
+    assert case.runs == (("adahop_lv2", "fastest-recompute"), ("adahop_lv2", "compile+graph-recompute-w-each"))
+    with pytest.raises(ValueError, match="unknown step run"):
+        step.select_cases(["llama3_1b_8x2048"], ["adahop_lv2/fastest-recomputed"])
+    built = []
+    monkeypatch.setattr("adahop.train.Trainer", lambda cfg, progress: built.append(cfg.training))
+    for mode in ("compile+graph-recompute-w-each", "compile"):
+        step._trainer("adahop_lv2", case, mode, step.DRY_RUN, str(tmp_path))
+    on, off = built
+    assert (on.recompute_wgrad_operands, on.weight_operands_once_per_step, on.compile, on.cuda_graph) == (
+        True,
+        False,
+        True,
+        True,
+    )
+    assert (off.recompute_wgrad_operands, off.weight_operands_once_per_step, off.cuda_graph) == (False, True, False)

@@ -103,6 +103,11 @@ def test_dump_toml_is_read_back_by_tomllib():
         ([("training.steps", "0")], "training.steps must be positive"),
         ([("data.seq_len", "4096")], "max_seq_len"),
         ([("training.compile", "true"), ("training.compile_backend", "tvmx")], "compile_backend='tvmx' is not one of"),
+        (
+            [("training.compile", "true"), ("training.compile_backend", "aot_eager")]
+            + [("training.recompute_wgrad_operands", "true")],
+            "recompute_wgrad_operands is an Inductor pass: set training.compile_backend=inductor",
+        ),
         ([("optim.lr", "inf")], "optim.lr must be a finite number, got inf"),
         ([("optim.grad_clip", "nan")], "optim.grad_clip must be a finite number, got nan"),
         ([("optim.betas", "0.9,nan")], "optim.betas must be a finite number"),

@@ -8,7 +8,8 @@ Two views, both at the real shapes (dim 2048, hidden 8192, 32 query and 8 KV hea
   linear layer whose forward saved it ("other": norms, attention, SwiGLU, residual);
 - **compiled**: what the trainer's ``torch.compile``'d block keeps: the values AOTAutograd's partitioner
   (Inductor's min-cut, after its joint-graph passes) hands from the forward graph to the backward graph,
-  recorded at partition time; nothing is compiled further or run.
+  recorded at partition time; nothing is compiled further or run. Each adahop recipe also with
+  ``training.recompute_wgrad_operands`` (row ``RECIPE+recompute``: ``adahop.nn.compiling``'s pass).
 
 Bytes are measured at two token counts: ``per token`` is the slope (activations), ``per step`` the rest
 (W's quantized operands and BF16 copies, made once per micro-batch whatever the token count). Adaptive
@@ -36,12 +37,14 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from adahop import convert_model
 from adahop.models.llama import TransformerBlock, get_model_args, rope_tables
 from adahop.nn import adahop_layers
+from adahop.nn.compiling import compile_options
 from adahop.policy.strategies import plan_for_patterns
 from adahop.recipes import get_recipe
 
 PRESET = "llama3_1b"
 TOKENS = (2048, 4096)  # two counts of batch 1 x seq: the slope is bytes per token
 STEP_TOKENS = 8 * 2048  # the step bench's case, for the model totals
+RECOMPUTE = "+recompute"  # a compiled row with training.recompute_wgrad_operands
 RECIPES = (
     "bf16",
     "torchao_float8_tensorwise",
@@ -159,8 +162,9 @@ class _Partitioned(Exception):
     """Raised once the partitioner has chosen: nothing past it is compiled or run."""
 
 
-def compiled_saved(block: nn.Module, tokens: int) -> tuple[int, list[str]]:
-    """Bytes the compiled block's forward hands its backward (parameters left out) and what they are."""
+def compiled_saved(block: nn.Module, tokens: int, recompute: bool = False) -> tuple[int, list[str]]:
+    """Bytes the compiled block's forward hands its backward (parameters left out) and what they are;
+    ``recompute``: compiled as ``training.recompute_wgrad_operands`` compiles it."""
     from torch._inductor import compile_fx
 
     args = get_model_args(PRESET)
@@ -174,7 +178,7 @@ def compiled_saved(block: nn.Module, tokens: int) -> tuple[int, list[str]]:
         raise _Partitioned
 
     torch._dynamo.reset()
-    compiled = torch.compile(block, backend="inductor", dynamic=False)
+    compiled = torch.compile(block, backend="inductor", dynamic=False, options=compile_options(recompute) or None)
     x = torch.zeros(1, tokens, args.dim, requires_grad=True)
     cos, sin = rope_tables(args.head_dim, tokens, args.rope_theta)
     param_shapes = {tuple(p.shape) for p in block.parameters()}
@@ -222,12 +226,14 @@ def measure(recipes=RECIPES, compiled: bool = True) -> dict:
                     per_token, per_step = _fit(one)
                     mix[f"{leaf} {_shown(plan)}"] = {"count": count, "per_token": per_token, "per_step": per_step}
             results["eager_mix"][recipe] = mix
-        if compiled:
+        variants = (False, True) if adahop_layers(build_block(recipe)) else (False,)
+        for recompute in variants if compiled else ():
             totals, what = {}, {}
             for t in TOKENS:
-                totals[t], what[t] = compiled_saved(build_block(recipe), t)
+                totals[t], what[t] = compiled_saved(build_block(recipe), t, recompute)
             per_token, per_step = _fit(totals)
-            results["compiled"][recipe] = {"per_token": per_token, "per_step": per_step, "saved": what[TOKENS[0]]}
+            row = {"per_token": per_token, "per_step": per_step, "saved": what[TOKENS[0]]}
+            results["compiled"][recipe + (RECOMPUTE if recompute else "")] = row
     return results
 
 

@@ -18,7 +18,9 @@
 #                    comma-separated, each run for every recipe (the bench ranks them: e.g. "compile,compile+graph")
 #   EXTRA_RUNS [""]  more runs after those, RECIPE/MODE comma-separated; a mode ending in -w-each quantizes W
 #                    on every micro-batch (training.weight_operands_once_per_step=false), e.g.
-#                    "adahop_lv2/fastest-w-each": the A/B of W quantized once per optimizer step
+#                    "adahop_lv2/fastest-w-each": the A/B of W quantized once per optimizer step; one ending
+#                    in -recompute makes wgrad's operands in backward in compiled blocks
+#                    (training.recompute_wgrad_operands=true), e.g. "adahop_lv2/fastest-recompute"
 #   TESTS [""]       pytest arguments run first through benchmarks/gpu-tests/run_gpu_tests.sh (e.g.
 #                    "tests/test_gpu_step.py tests/test_gpu_linear.py"), stopped after TESTS_LIMIT [240] s
 #   LIMIT [585]      seconds from the start by which everything is done (the call has 600)

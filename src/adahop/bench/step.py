@@ -45,14 +45,24 @@ CALIBRATION_STEPS = 4  # forwards: enough to freeze a plan, not to judge its qua
 MODES = ("eager", "compile", "graph", "compile+graph")
 FASTEST = "fastest"
 FASTEST_MODES = ("compile+graph", "compile")  # what ``fastest`` tries, in order
-# A mode's suffix: W quantized on every micro-batch (training.weight_operands_once_per_step=false),
-# the A/B of the default under accumulation (e.g. "fastest-w-each").
+# A mode's suffixes (either or both, e.g. "fastest-w-each", "fastest-recompute"): W quantized on every
+# micro-batch (training.weight_operands_once_per_step=false), the A/B of the default under accumulation;
+# wgrad's operands recomputed in backward in compiled blocks (training.recompute_wgrad_operands=true).
 W_EACH = "-w-each"
+RECOMPUTE = "-recompute"
+SUFFIXES = (W_EACH, RECOMPUTE)
 # The bench's names of the peer, torchao's float8 training: registered recipes, so the bench and
 # adahop train convert with one function (adahop.integrations.float8)
 PEERS = {"float8_tensorwise": "torchao_float8_tensorwise", "float8_rowwise": "torchao_float8_rowwise"}
 HEADLINE_RECIPE = "adahop_lv2"
 REFERENCES = ("bf16", "float8_tensorwise")  # every run's ratios are to these, each in its fastest mode
+
+
+def base_mode(mode: str) -> str:
+    """``mode`` without its ``SUFFIXES``."""
+    while mode.endswith(SUFFIXES):
+        mode = next(mode.removesuffix(suffix) for suffix in SUFFIXES if mode.endswith(suffix))
+    return mode
 
 
 @dataclass(frozen=True)
@@ -221,9 +231,10 @@ def _trainer(recipe: str, case: Case, mode: str, settings: Settings, out: str):
             steps=1_000_000,
             device=settings.device,
             grad_accum=case.accum,
-            weight_operands_once_per_step=not mode.endswith(W_EACH),
-            compile="compile" in mode,
-            cuda_graph="graph" in mode,
+            weight_operands_once_per_step=W_EACH not in mode,
+            recompute_wgrad_operands=RECOMPUTE in mode,
+            compile="compile" in base_mode(mode),
+            cuda_graph="graph" in base_mode(mode),
         ),
         recipe=get_recipe({"name": PEERS.get(recipe, recipe), "calibration_steps": CALIBRATION_STEPS}),
         out=out,
@@ -316,6 +327,7 @@ def measure(recipe: str, case: Case, mode: str, settings: Settings = Settings())
             "accum": case.accum,
             "merged": "compile" in mode,  # compiled blocks merge equal quantize calls
             "weight_operands_once_per_step": trainer.cfg.training.weight_operands_once_per_step and case.accum > 1,
+            "recompute_wgrad_operands": trainer.cfg.training.recompute_wgrad_operands and "compile" in mode,
             "shared_folds": True,  # and the folds of a shared Xᵀ with them (ops.fold_fp8, a node of its own)
             "profile": _profile(trainer.train_step, device),
         }
@@ -374,7 +386,7 @@ def run_case(case: Case, on_run: Callable[[dict], None] = lambda runs: None, set
 
     runs: dict[str, dict] = {}
     for recipe, requested in case.runs:
-        base = requested.removesuffix(W_EACH)
+        base = base_mode(requested)
         for mode in [m + requested[len(base) :] for m in settings.fastest_modes] if base == FASTEST else (requested,):
             name = f"{recipe}/{mode}"
             if get_recipe(PEERS.get(recipe, recipe)).torchao_float8 and find_spec("torchao") is None:
@@ -499,7 +511,7 @@ def run(cases: tuple[Case, ...] = CASES, partial: Path | None = None, settings: 
 def select_cases(keys: list[str], runs: list[str] | None = None, cases: tuple[Case, ...] = CASES) -> tuple[Case, ...]:
     """The cases named by ``keys`` (``Case.key``; all when empty), in the order given. With
     ``runs``, each runs exactly those named: "recipe/mode" in every case, "CASE:recipe/mode" in
-    one (mode one of ``MODES`` or ``fastest``, optionally followed by ``W_EACH``); otherwise its
+    one (mode one of ``MODES`` or ``fastest``, optionally followed by ``SUFFIXES``); otherwise its
     default runs."""
     known = {c.key: c for c in cases}
     unknown = [k for k in keys if k not in known]
@@ -512,14 +524,11 @@ def select_cases(keys: list[str], runs: list[str] | None = None, cases: tuple[Ca
     for name in runs:
         case_key, _, run = name.rpartition(":")
         recipe, _, mode = run.partition("/")
-        if (
-            recipe not in RECIPES
-            or mode.removesuffix(W_EACH) not in (*MODES, FASTEST)
-            or (case_key and case_key not in known)
-        ):
+        if recipe not in RECIPES or base_mode(mode) not in (*MODES, FASTEST) or (case_key and case_key not in known):
             raise ValueError(
                 f"unknown step run {name!r}; write [CASE:]RECIPE/MODE with RECIPE one of {RECIPES}, "
-                f"MODE one of {(*MODES, FASTEST)} (+ {W_EACH!r}: W quantized every micro-batch) and CASE one "
+                f"MODE one of {(*MODES, FASTEST)} (+ {W_EACH!r}: W quantized every micro-batch, + {RECOMPUTE!r}: wgrad's "
+                f"operands recomputed in compiled blocks) and CASE one "
                 f"of {sorted(known)}"
             )
         parsed.append((case_key, (recipe, mode)))

@@ -237,12 +237,12 @@ class Transformer(nn.Module):
             elif isinstance(module, RMSNorm):
                 nn.init.ones_(module.weight)
 
-    def compile_blocks(self, backend: str = "inductor") -> None:
+    def compile_blocks(self, backend: str = "inductor", options: dict | None = None) -> None:
         """``torch.compile`` each transformer block in place (blocks share one graph where their layers
         run the same plans, as in torchtitan; ``adahop.nn.compiling``); ``Module.compile`` keeps the
-        parameter names, so checkpoints are unaffected."""
+        parameter names, so checkpoints are unaffected. ``options``: the backend's (``nn.compiling.compile_options``)."""
         for block in self.layers:
-            block.compile(backend=backend)
+            block.compile(backend=backend, options=options or None)
 
     def forward(
         self, tokens: torch.Tensor, targets: torch.Tensor | None = None

@@ -30,14 +30,8 @@ from __future__ import annotations
 import contextlib
 
 import torch
-from torch.fx.experimental.symbolic_shapes import statically_known_true
+from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 from torch.utils.checkpoint import CheckpointPolicy
-
-try:  # Inductor's joint-graph pass interface (torch >= 2.6)
-    from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
-except ImportError:  # pragma: no cover - older torch: the knob refuses (compile_options)
-    CustomGraphPass = object
-    get_hash_for_files = None
 
 WGRAD_OPERAND = "wgrad_operand"  # the annotation's value under the key "adahop"
 # Copies that are element-wise without the pointwise tag.
@@ -67,20 +61,6 @@ def _marked(node: torch.fx.Node) -> bool:
     return (node.meta.get("custom") or {}).get("adahop") == WGRAD_OPERAND
 
 
-def _elementwise(node: torch.fx.Node, numel) -> bool:
-    """Whether ``node`` is an element-wise op or a view producing at least ``numel`` elements (not a
-    statistic, a seed or a broadcast weight, which the partitioner keeps or takes as inputs)."""
-    target = node.target
-    if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
-        return False
-    if torch.Tag.nondeterministic_seeded in target.tags:
-        return False
-    if not (torch.Tag.pointwise in target.tags or target.is_view or target in _COPIES):
-        return False
-    value = node.meta.get("val")
-    return isinstance(value, torch.Tensor) and statically_known_true(value.numel() >= numel)
-
-
 def _backward_nodes(graph: torch.fx.Graph) -> set[torch.fx.Node]:
     """The joint graph's nodes that depend on a tangent: the backward's."""
     found = {node for node in graph.nodes if node.op == "placeholder" and "tangents" in str(node.target)}
@@ -90,11 +70,27 @@ def _backward_nodes(graph: torch.fx.Graph) -> set[torch.fx.Node]:
     return found
 
 
+def _elementwise(node: torch.fx.Node) -> bool:
+    """Whether ``node`` is an element-wise op or a copy (never a random one)."""
+    target = node.target
+    if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+        return False
+    if torch.Tag.nondeterministic_seeded in target.tags:
+        return False
+    return torch.Tag.pointwise in target.tags or target in _COPIES
+
+
+def _is_view(node: torch.fx.Node) -> bool:
+    return node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) and node.target.is_view
+
+
 def tag_wgrad_operands(graph: torch.fx.Graph) -> int:
-    """Tag ``MUST_RECOMPUTE`` the marked forward nodes (wgrad's operand prepared from X) and, from every
-    X that a marked node reads from the forward (the backward's wgrad GEMM reads a BF16 X directly), the
-    element-wise chain that makes it. A tag already set (activation checkpointing) is left as it is.
-    Returns how many nodes were tagged."""
+    """Tag ``MUST_RECOMPUTE`` the marked forward nodes (wgrad's operand prepared from X) and every X that a
+    marked node reads from the forward (the backward's wgrad GEMM reads a BF16 X directly): its views and
+    the element-wise op that writes it. The partitioner bans recomputing X itself (an opaque op reads it in
+    backward, so recomputing it is "not free"); the ops before it it recomputes or keeps as it does for
+    BF16 and float8. A tag already set (activation checkpointing) is left as it is. Returns how many
+    nodes were tagged."""
     backward = _backward_nodes(graph)
     tagged = 0
 
@@ -111,17 +107,15 @@ def tag_wgrad_operands(graph: torch.fx.Graph) -> int:
             tag(node)
         for root in node.all_input_nodes:
             value = root.meta.get("val")
-            if root in backward or _marked(root):
+            if root in backward or _marked(root) or "recompute" in root.meta:
                 continue
             if not (isinstance(value, torch.Tensor) and value.is_floating_point() and value.dim() >= 2):
                 continue  # the seed, the Hadamard signs: kept as they are
-            stack, numel = [root], value.numel()
-            while stack:
-                current = stack.pop()
-                if "recompute" in current.meta or current in backward or not _elementwise(current, numel):
-                    continue
-                tag(current)
-                stack.extend(current.all_input_nodes)
+            while _is_view(root) and "recompute" not in root.meta:
+                tag(root)
+                root = root.all_input_nodes[0]
+            if _elementwise(root):
+                tag(root)
     return tagged
 
 
@@ -137,11 +131,4 @@ class RecomputeWgradOperands(CustomGraphPass):
 
 def compile_options(recompute_wgrad_operands: bool) -> dict:
     """Inductor options for a block's ``torch.compile``: the pass of :class:`RecomputeWgradOperands` when on."""
-    if not recompute_wgrad_operands:
-        return {}
-    if get_hash_for_files is None:
-        raise RuntimeError(
-            f"training.recompute_wgrad_operands needs torch >= 2.6 (Inductor joint-graph passes), got "
-            f"{torch.__version__}; turn it off"
-        )
-    return {"joint_custom_post_pass": RecomputeWgradOperands()}
+    return {"joint_custom_post_pass": RecomputeWgradOperands()} if recompute_wgrad_operands else {}

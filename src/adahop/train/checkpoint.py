@@ -87,6 +87,7 @@ APPLIED_KEYS = {
         "autocast",
         "compile",
         "compile_backend",
+        "recompute_wgrad_operands",  # bit-identical either way: where wgrad's Xᵀ is made, not what
         "cuda_graph",
         "distributed",
         "fsdp_low_precision_all_gather",

@@ -96,6 +96,11 @@ class TrainingConfig:
     autocast: bool = True  # bf16 autocast on CUDA (CPU runs in fp32)
     compile: bool = False  # torch.compile each transformer block once calibration has frozen the plans
     compile_backend: str = "inductor"  # a torch.compile backend ("aot_eager" needs no C++ compiler)
+    # Compiled blocks (Inductor) make wgrad's operand (Xᵀ quantized, OE-right's BF16 channels, a BF16 X) in
+    # backward from an X recomputed element-wise from what the block keeps anyway, instead of keeping it from
+    # the forward (adahop.nn.compiling): bit-identical, less activation memory, a little pointwise work in
+    # backward. Off until the GPU has timed it.
+    recompute_wgrad_operands: bool = False
     cuda_graph: bool = True  # on CUDA, replay each micro-step as one CUDA graph once the plans are frozen
     distributed: bool = False  # under torchrun with one process, still train through FSDP2 (several always do)
     # FSDP2 gathers each AdaHOPLinear weight as the quantized operands its GEMMs read (each rank
@@ -218,6 +223,11 @@ class TrainConfig:
             if self.training.compile_backend not in backends:
                 raise ConfigError(
                     f"training.compile_backend={self.training.compile_backend!r} is not one of {', '.join(backends)}"
+                )
+            if self.training.recompute_wgrad_operands and self.training.compile_backend != "inductor":
+                raise ConfigError(
+                    "training.recompute_wgrad_operands is an Inductor pass: set training.compile_backend=inductor "
+                    f"(got {self.training.compile_backend!r}) or turn it off"
                 )
 
 

@@ -46,7 +46,7 @@ from tqdm import tqdm
 from ..atomic import remove_stale_temp_files, write_atomic
 from ..models import num_params
 from ..nn import OsciReset, adahop_layers, model_plan, set_bf16_forward, weight_operands_cached
-from ..nn.compiling import reserve_compiled_graphs
+from ..nn.compiling import compile_options, reserve_compiled_graphs
 from ..policy import NonFiniteTensorError
 from .builders import autocast_for, build_data, build_model_from_config, data_fingerprint, mean_loss, resolve_device
 from .checkpoint import (
@@ -378,10 +378,14 @@ class Trainer:
         # beside the evaluation's.
         plans = 1 if self.cfg.recipe.bf16_forward_after is None else 2
         reserve_compiled_graphs(3 * plans * len(self.model.layers))
-        self.model.compile_blocks(self.cfg.training.compile_backend)
+        options = compile_options(self.cfg.training.recompute_wgrad_operands)
+        self.model.compile_blocks(self.cfg.training.compile_backend, options=options)
         self._compiled = True
         log.info(
-            "compiled %d transformer blocks (backend %s)", len(self.model.layers), self.cfg.training.compile_backend
+            "compiled %d transformer blocks (backend %s%s)",
+            len(self.model.layers),
+            self.cfg.training.compile_backend,
+            ", wgrad's operands recomputed in backward" if options else "",
         )
 
     def _maybe_graph(self) -> None:
