@@ -11,18 +11,22 @@ past it uncompiled; :func:`reserve_compiled_graphs` raises the limit for a model
 recomputes a custom op, so a compiled block keeps every layer's wgrad operand as the forward made it
 (Xᵀ in MXFP4, OE-right's BF16 channels, a BF16 X where wgrad runs BF16), where torchao float8's casts,
 being element-wise, are recomputed in backward from tensors the block keeps anyway. ``AdaHOPLinear``
-marks the nodes that prepare wgrad's operand (:func:`wgrad_operand_region`, an ``fx.traceback``
-annotation that reaches the joint graph), and :class:`RecomputeWgradOperands`, an Inductor joint-graph
-pass, tags them and the element-wise chain that makes their X (RMSNorm's output from the block input and
-its statistics, SwiGLU's product from w1's and w3's outputs, the attention output's copy) with the tag
-selective activation checkpointing gives the partitioner (``CheckpointPolicy.MUST_RECOMPUTE``). The
-partitioner then moves the quantize into backward (it is dead in the forward), keeps what X is made
-from, and recomputes X there: the same ops on the same values, so the same bits, and no GEMM or
-quantize more. A pass rather than an SAC policy: a policy sees the ops in forward order, one at a
-time, so it cannot tag X's producers before it sees X quantized for wgrad, and it needs a checkpoint
-region around the block; the pass sees the whole joint graph and applies per ``torch.compile`` call
-(``compile_options``), beside any activation checkpointing (a fully checkpointed block keeps its input
-only: the tags change nothing there).
+marks the nodes that prepare wgrad's operand and the wgrad GEMM that reads it
+(:func:`wgrad_operand_region`, an ``fx.traceback`` annotation that reaches the joint graph), and
+:class:`RecomputeWgradOperands`, an Inductor joint-graph pass, tags them and X (its views and the
+element-wise op writing it) with the tag selective activation checkpointing hands the partitioner
+(``CheckpointPolicy.MUST_RECOMPUTE``). The quantize is then dead in the forward and runs in backward, on an
+X the partitioner recomputes as it recomputes float8's casts (RMSNorm's output from the block input and
+its statistics, SwiGLU's product from w1's and w3's outputs, the attention output's copy): the same ops
+on the same values, so the same bits, and no GEMM or quantize more. X alone is tagged because the
+partitioner bans recomputing it (an opaque op reads it in backward); what it is made from is left to the
+partitioner (tagging that chain too made an FP8 forward keep its GEMM's FP32 output on the CPU route).
+
+A pass rather than a selective-checkpointing policy: a policy sees the ops in forward order, one at a
+time, so it cannot tag X's producer before it sees X quantized for wgrad, and it needs a checkpoint region
+around the block; the pass sees the whole joint graph and applies per ``torch.compile`` call
+(:func:`compile_options`), beside any activation checkpointing (a tag already set is left alone; a fully
+checkpointed block keeps its input only, with the pass or without).
 """
 
 from __future__ import annotations

@@ -17,7 +17,9 @@ dY rounds stochastically with Philox noise keyed by seeds drawn from torch's glo
 so ``torch.manual_seed`` fixes them and a resumed run (RNG state restored) draws the same noise.
 What backward needs is saved quantized: X along tokens (wgrad's K) and
 W along ``out`` (dgrad's K), BF16 only for extracted outlier rows; a BF16 Wᵀ (dgrad in BF16, or
-OE-left's other side) is cast again from the parameter in backward, not kept from the forward. ``recipe.backward_rounding =
+OE-left's other side) is cast again from the parameter in backward, not kept from the forward; a compiled
+block can make Xᵀ in backward instead, from a recomputed X (``training.recompute_wgrad_operands``:
+``nn.compiling``). ``recipe.backward_rounding =
 "stochastic"`` rounds those two saved copies stochastically too, with seeds of their own.
 ``recipe.weight_blocks = "2d"`` quantizes W once in square tiles for the forward and dgrad (the
 saved Wᵀ is then the forward's W, rounded as the forward rounds it).
