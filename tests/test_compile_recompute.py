@@ -9,13 +9,12 @@ with the pass off, Inductor's CPU code included.
 
 from __future__ import annotations
 
-import contextlib
 import copy
-from unittest import mock
 
 import pytest
 import torch
 
+from adahop.bench.kept import kept_for_backward
 from adahop.models import build_model
 from adahop.nn import adahop_layers, convert_model
 from adahop.nn.compiling import WGRAD_OPERAND, compile_options
@@ -48,33 +47,20 @@ def _model(backward_rounding: str = "nearest") -> torch.nn.Module:
     return model
 
 
-class _Partitioned(Exception):
-    """Raised once the partitioner has chosen: nothing is compiled further or run."""
-
-
 def _kept(block: torch.nn.Module, recompute: bool) -> dict[str, tuple[int, bool]]:
     """What the compiled block's forward hands its backward, parameters left out: name -> (bytes, whether
     a wgrad-operand node made it)."""
-    from torch._inductor import compile_fx
-
-    inner, chosen = compile_fx.min_cut_rematerialization_partition, []
-
-    def recording(joint, joint_inputs, **kwargs):
-        fw, _ = inner(joint, joint_inputs, **kwargs)
-        output = next(n for n in fw.graph.nodes if n.op == "output")
-        chosen.extend(output.args[0][kwargs["num_fwd_outputs"] :])
-        raise _Partitioned
-
     torch._dynamo.reset()
     compiled = torch.compile(block, dynamic=False, options=compile_options(recompute) or None)
     x = torch.zeros(2, TOKENS // 2, DIM, requires_grad=True)
     rope = torch.ones(TOKENS // 2, DIM // HEADS // 2), torch.zeros(TOKENS // 2, DIM // HEADS // 2)
     params = {tuple(p.shape) for p in block.parameters()}
-    with mock.patch.object(compile_fx, "min_cut_rematerialization_partition", recording):
-        with contextlib.suppress(_Partitioned, torch._dynamo.exc.BackendCompilerFailed):
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                compiled(x, *rope)
-    assert chosen, "the partitioner was never reached"
+
+    def run() -> None:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            compiled(x, *rope)
+
+    chosen = kept_for_backward(run)
     kept = {}
     for node in chosen:
         value = node.meta.get("val")

@@ -23,18 +23,17 @@ most common plan. torchao float8 tensorwise is converted by ``torchao.float8.con
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import platform
 from collections import Counter, defaultdict
 from pathlib import Path
-from unittest import mock
 
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from adahop import convert_model
+from adahop.bench.kept import kept_for_backward
 from adahop.models.llama import TransformerBlock, get_model_args, rope_tables
 from adahop.nn import adahop_layers
 from adahop.nn.compiling import compile_options
@@ -158,36 +157,21 @@ def eager_saved(block: nn.Module, tokens: int) -> dict[str, int]:
     return dict(by_layer)
 
 
-class _Partitioned(Exception):
-    """Raised once the partitioner has chosen: nothing past it is compiled or run."""
-
-
 def compiled_saved(block: nn.Module, tokens: int, recompute: bool = False) -> tuple[int, list[str]]:
     """Bytes the compiled block's forward hands its backward (parameters left out) and what they are;
     ``recompute``: compiled as ``training.recompute_wgrad_operands`` compiles it."""
-    from torch._inductor import compile_fx
-
     args = get_model_args(PRESET)
-    chosen: list = []
-    inner = compile_fx.min_cut_rematerialization_partition
-
-    def recording(joint, joint_inputs, **kwargs):
-        fw, bw = inner(joint, joint_inputs, **kwargs)
-        output = next(n for n in fw.graph.nodes if n.op == "output")
-        chosen.extend(output.args[0][kwargs["num_fwd_outputs"] :])
-        raise _Partitioned
-
     torch._dynamo.reset()
     compiled = torch.compile(block, backend="inductor", dynamic=False, options=compile_options(recompute) or None)
     x = torch.zeros(1, tokens, args.dim, requires_grad=True)
     cos, sin = rope_tables(args.head_dim, tokens, args.rope_theta)
     param_shapes = {tuple(p.shape) for p in block.parameters()}
-    with mock.patch.object(compile_fx, "min_cut_rematerialization_partition", recording):
-        with contextlib.suppress(_Partitioned, torch._dynamo.exc.BackendCompilerFailed):
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                compiled(x, cos, sin)
-    if not chosen:
-        raise RuntimeError("the partitioner was never reached (a graph break?)")
+
+    def run() -> None:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            compiled(x, cos, sin)
+
+    chosen = kept_for_backward(run)
     total, what = 0, []
     for node in chosen:
         val = node.meta.get("val")
