@@ -14,12 +14,14 @@ lists every live tensor, each storage counted once, by owner:
 - ``trainer``: the trainer's own device tensors; ``other``: anything else (listed by shape).
 
 Every figure is in bytes per linear weight element (the converted layers' ``in * out``), so it reads directly
-as GiB at `llama3_1b` (973M linear weights: 1 byte per element is 0.91 GiB). Also per phase: the step's peak
-of allocated bytes above what was live before it (CPU allocator events of ``torch.profiler``), and the bytes
-of tensors born during calibration that outlive it (on a GPU those sit wherever the calibrating steps' freed
-activations were, and keep those segments reserved: see the README).
+as GiB at `llama3_1b` (973M linear weights: 1 byte per element is 0.91 GiB). Also per phase: the micro-steps'
+peak of allocated bytes above what was live before each (CPU allocator events of ``torch.profiler``), and the
+bytes of tensors made since the first step began that are still alive (on a GPU, what an eager calibrating step
+makes to keep sits wherever its freed activations were, and keeps those segments reserved: ``allocator_sim.py``).
+``--fold-route`` quantizes into the H200's folded E4M3 forms (the reference's products), to count what that
+route keeps.
 
-    PYTHONPATH=src python benchmarks/step/live_tensors.py --out benchmarks/step/<date>-cpu-live-tensors
+    PYTHONPATH=src python benchmarks/step/live_tensors.py --out benchmarks/linear/2026-12-05-cpu-saved-bytes
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import dataclasses
 import gc
 import json
 import platform
+import sys
 import tempfile
 from collections import defaultdict
 from collections.abc import Iterator
@@ -77,8 +80,6 @@ def _key(t: torch.Tensor) -> int:
 def _cached_tensors() -> list[torch.Tensor]:
     """Tensors held by the ``functools`` caches of adahop's modules: a cache wrapper's referents are its
     ``lru_cache`` results (C implementation) or the dict of its ``functools.cache`` results."""
-    import sys
-
     found = []
     for name, module in list(sys.modules.items()):
         if not name.startswith("adahop"):
