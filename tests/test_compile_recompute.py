@@ -103,6 +103,23 @@ def test_pass_leaves_stochastic_xt_and_checkpointed_blocks_as_they_are(checkpoin
     assert _kept(block, recompute=True) == _kept(block, recompute=False)
 
 
+def test_trainer_compiles_blocks_with_the_pass_when_asked(small_overrides, tmp_path, monkeypatch):
+    """``training.recompute_wgrad_operands`` reaches the blocks' ``torch.compile`` as the Inductor pass
+    (compiling itself is skipped here: the blocks then run eagerly)."""
+    from adahop.models.llama import Transformer
+    from adahop.nn.compiling import RecomputeWgradOperands
+    from adahop.train import Trainer, load_config
+
+    asked = []
+    monkeypatch.setattr(Transformer, "compile_blocks", lambda self, backend, options=None: asked.append(options))
+    for on in (False, True):
+        extra = {"training__compile": True, "training__recompute_wgrad_operands": on, "training__steps": 1}
+        run = tmp_path / str(on)
+        Trainer(load_config(None, small_overrides(run, recipe="mxfp4_hadamard", **extra)), progress=False).train()
+    off, on = asked
+    assert off == {} and isinstance(on["joint_custom_post_pass"], RecomputeWgradOperands)
+
+
 def _run(model: torch.nn.Module, recompute: bool, tokens: torch.Tensor) -> tuple[int, list, list]:
     """Bytes the compiled step saves for backward, its losses over two steps and the gradients."""
     model = copy.deepcopy(model)
