@@ -15,6 +15,10 @@ bytes in segments that still hold a live block.
 
     PYTHONPATH=src python benchmarks/step/allocator_sim.py --batch 8            # 8 x 2048, 4 calibrating steps
     PYTHONPATH=src python benchmarks/step/allocator_sim.py --batch 2 --accum 4
+    PYTHONPATH=src python benchmarks/step/allocator_sim.py --batch 8 --frozen-step   # a graph pool per recipe
+
+``--frozen-step`` asks another question: whether a recipe's quantize outputs fragment a CUDA graph's pool more
+than BF16's do (one eager frozen micro-step through a fresh pool, on the H200's route and plans).
 
 A model, not the allocator: it sees every tensor an op returns (``TorchDispatchMode``) and every storage's end
 (a finalizer), not the kernels' own workspaces; CPU autocast and the CPU's attention kernel stand in for CUDA's
@@ -24,19 +28,26 @@ A model, not the allocator: it sees every tensor an op returns (``TorchDispatchM
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import itertools
 import json
 import weakref
 from dataclasses import dataclass, field
+from pathlib import Path
+from unittest import mock
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from adahop import convert_model
+from adahop import convert_model, ops
+from adahop.formats import MXTensor
 from adahop.models import build_model
+from adahop.nn import adahop_layers
+from adahop.policy.routes import GemmRoute
+from adahop.policy.strategies import LayerPlan
 from adahop.recipes import get_recipe
 
 MIB, GIB = 2**20, 2**30
@@ -66,6 +77,8 @@ class CachingAllocator:
     segment_ids: itertools.count = field(default_factory=itertools.count)
     free_blocks: list[Block] = field(default_factory=list)
     used: dict[int, Block] = field(default_factory=dict)  # storage key -> its block
+    allocated: int = 0
+    peak_allocated: int = 0
     peak_reserved: int = 0
 
     def malloc(self, key: int, nbytes: int) -> None:
@@ -92,11 +105,14 @@ class CachingAllocator:
             self.free_blocks.append(tail)
         block.free = False
         self.used[key] = block
+        self.allocated += block.size
+        self.peak_allocated = max(self.peak_allocated, self.allocated)
 
     def release(self, key: int) -> None:
         block = self.used.pop(key, None)
         if block is None:
             return
+        self.allocated -= block.size
         block.free = True
         for neighbour in (block.prev, block.next):
             if neighbour is not None and neighbour.free:
@@ -121,6 +137,7 @@ class CachingAllocator:
             "reserved_gib": sum(self.segments.values()) / GIB,
             "allocated_gib": sum(b.size for b in self.used.values()) / GIB,
             "pinned_free_gib": pinned_free / GIB,
+            "peak_allocated_gib": self.peak_allocated / GIB,
             "peak_reserved_gib": self.peak_reserved / GIB,
             "segments": len(self.segments),
         }
@@ -196,13 +213,74 @@ def simulate(recipe: str, batch: int, accum: int, steps: int, moments: str, seq_
     } | state
 
 
+def frozen_step(recipe: str, batch: int, plans: dict[str, LayerPlan], seq_len: int = 2048) -> dict:
+    """A fresh pool (a CUDA graph's) through one eager frozen micro-step whose gradients are made in it,
+    the layers on ``plans`` and on the H200's route: operands quantized into folded E4M3, every MX GEMM
+    folding its operands first; the GEMMs' outputs are made, not computed. Eager, not the compiled blocks
+    the graphs capture: Inductor keeps less and plans its buffers, so this compares recipes' fragmentation
+    (peak reserved against peak allocated), not the pools' sizes."""
+
+    def folded_matmul(a, b, out_dtype, *, fast_accum=True):
+        a, b = (ops.fold_fp8(t) if isinstance(t, MXTensor) else t for t in (a, b))
+        return torch.empty((a.data.shape[0], b.data.shape[0]), dtype=out_dtype)
+
+    allocator = CachingAllocator()
+    with contextlib.ExitStack() as stack:
+        for name, value in (
+            ("folds_into_fp8", lambda device, n: True),
+            ("route_of", lambda *args, **kwargs: GemmRoute.FOLD_FP8),
+            ("folded_matmul", folded_matmul),
+        ):
+            stack.enter_context(mock.patch.object(ops, name, value))
+        stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+        torch.manual_seed(0)
+        model = convert_model(build_model("llama3_1b"), get_recipe(recipe))
+        for name, layer in adahop_layers(model).items():
+            if layer.plan is None:
+                layer.set_plan(plans[name])
+        tokens = torch.randint(0, model.args.vocab_size, (batch, seq_len))
+        recorder = stack.enter_context(Recorder(allocator))
+        recorder.live.update(t.untyped_storage()._cdata for t in (*model.parameters(), *model.buffers()))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(tokens, tokens)[1]
+        loss.backward()
+        del loss
+        gc.collect()
+    state = allocator.state()
+    return {"recipe": recipe, "batch": batch, "frozen_step": True} | {
+        k: state[k] for k in ("peak_allocated_gib", "peak_reserved_gib", "allocated_gib")
+    }
+
+
+def h200_plans(bench_json: Path, recipe: str) -> dict[str, LayerPlan]:
+    """Each layer's plan as the H200 froze it (a step bench run's ``layers``)."""
+    result = json.loads(bench_json.read_text())
+    runs = next(iter(result.get("step", result)["cases"].values()))["runs"]
+    layers = next(r["layers"] for name, r in runs.items() if name.startswith(recipe + "/") and "layers" in r)
+    return {entry["name"]: LayerPlan(entry["forward"], entry["dgrad"], entry["wgrad"]) for entry in layers}
+
+
+H200_BENCH = Path(__file__).parent / "2026-12-05-h200-issue30/s2-llama3_1b_8x2048/bench.json"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--recipe", default="adahop_lv2")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--accum", type=int, default=1)
     parser.add_argument("--steps", type=int, default=4, help="calibrating steps (the step bench's)")
+    parser.add_argument(
+        "--frozen-step",
+        nargs="*",
+        metavar="RECIPE",
+        help="instead: a graph pool through one frozen micro-step of each recipe (plans of the H200's 2026-12-05 run)",
+    )
     a = parser.parse_args()
+    if a.frozen_step is not None:
+        for recipe in a.frozen_step or ("bf16", "adahop_lv2", "adahop_lv1_bf16_forward", "adahop_lv1_fp8_forward"):
+            plans = {} if not get_recipe(recipe).adaptive else h200_plans(H200_BENCH, recipe)
+            print(json.dumps(frozen_step(recipe, a.batch, plans)), flush=True)
+        return
     for moments in ("first step", "built"):
         print(json.dumps(simulate(a.recipe, a.batch, a.accum, a.steps, moments)), flush=True)
 
