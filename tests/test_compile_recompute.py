@@ -93,6 +93,22 @@ def test_compiled_block_keeps_no_wgrad_operand_with_the_pass():
     assert sum(off[name][0] for name in set(off) - set(on)) == expected
 
 
+def test_pass_leaves_an_input_it_cannot_recompute_quantized():
+    """Two layers in a row: the first's X is the graph's input, the second's the first's GEMM output plus its
+    bias (an add whose input only X needs), so recomputing either would keep a full-precision tensor in place
+    of the quantized Xᵀ: the pass leaves both as they are."""
+    torch.manual_seed(0)
+    model = convert_model(torch.nn.Sequential(torch.nn.Linear(DIM, HIDDEN), torch.nn.Linear(HIDDEN, DIM)), "mxfp4")
+    x = torch.randn(TOKENS, DIM, requires_grad=True)
+
+    def kept(recompute: bool) -> list[str]:
+        torch._dynamo.reset()
+        compiled = torch.compile(model, dynamic=False, options=compile_options(recompute) or None)
+        return [node.name for node in kept_for_backward(lambda: compiled(x))]
+
+    assert kept(True) == kept(False)
+
+
 @pytest.mark.parametrize("checkpointed", [False, True])
 def test_pass_leaves_stochastic_xt_and_checkpointed_blocks_as_they_are(checkpointed):
     """A layer whose Xᵀ rounds stochastically keeps it (the partitioner would draw its key again in

@@ -20,7 +20,10 @@ X the partitioner recomputes as it recomputes float8's casts (RMSNorm's output f
 its statistics, SwiGLU's product from w1's and w3's outputs, the attention output's copy): the same ops
 on the same values, so the same bits, and no GEMM or quantize more. X alone is tagged because the
 partitioner bans recomputing it (an opaque op reads it in backward); what it is made from is left to the
-partitioner (tagging that chain too made an FP8 forward keep its GEMM's FP32 output on the CPU route).
+partitioner (tagging that chain too made an FP8 forward keep its GEMM's FP32 output on the CPU route). An
+operand moves only where X is made element-wise from tensors the backward needs anyway (or small ones):
+an X straight out of a GEMM, the graph's input, or a GEMM output plus a bias would otherwise be kept in
+high precision in place of its quantized Xᵀ.
 
 A pass rather than a selective-checkpointing policy: a policy sees the ops in forward order, one at a
 time, so it cannot tag X's producer before it sees X quantized for wgrad, and it needs a checkpoint region
@@ -35,6 +38,7 @@ import contextlib
 
 import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.utils.checkpoint import CheckpointPolicy
 
 WGRAD_OPERAND = "wgrad_operand"  # the annotation's value under the key "adahop"
@@ -88,14 +92,83 @@ def _is_view(node: torch.fx.Node) -> bool:
     return node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) and node.target.is_view
 
 
+def _roots(node: torch.fx.Node, backward: set[torch.fx.Node]) -> list[torch.fx.Node]:
+    """The forward tensors a marked node reads that no marked node made: X (the seed and the Hadamard
+    signs, kept as they are, left out)."""
+    roots = []
+    for arg in node.all_input_nodes:
+        value = arg.meta.get("val")
+        if arg in backward or _marked(arg):
+            continue
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dim() >= 2:
+            roots.append(arg)
+    return roots
+
+
+def _storage_node(node: torch.fx.Node) -> torch.fx.Node:
+    """The node that wrote ``node``'s storage (``node`` without its views)."""
+    while _is_view(node):
+        node = node.all_input_nodes[0]
+    return node
+
+
 def tag_wgrad_operands(graph: torch.fx.Graph) -> int:
     """Tag ``MUST_RECOMPUTE`` the marked forward nodes (wgrad's operand prepared from X) and every X that a
     marked node reads from the forward (the backward's wgrad GEMM reads a BF16 X directly): its views and
     the element-wise op that writes it. The partitioner bans recomputing X itself (an opaque op reads it in
     backward, so recomputing it is "not free"); the ops before it it recomputes or keeps as it does for
-    BF16 and float8. A tag already set (activation checkpointing) is left as it is. Returns how many
-    nodes were tagged."""
+    BF16 and float8. Only where that keeps nothing more (``recomputable``); elsewhere those operands stay as
+    they are. A tag
+    already set (activation checkpointing) is left as it is. Returns how many nodes were tagged."""
     backward = _backward_nodes(graph)
+
+    def needed_in_backward(node: torch.fx.Node) -> bool:
+        """Whether an unmarked backward node reads ``node`` (or a view of it): kept or recomputed anyway."""
+        return any(
+            (user in backward and not _marked(user)) or (_is_view(user) and needed_in_backward(user))
+            for user in node.users
+        )
+
+    def recomputable(root: torch.fx.Node) -> bool:
+        """Whether X is written by an element-wise op from tensors the backward needs anyway (or small
+        ones: statistics, a norm's weight), through element-wise ops: then recomputing it keeps nothing
+        more. An X straight out of a GEMM, the graph's input, or one made from a tensor only it needs
+        (a GEMM's output before its bias) would be kept instead of its quantized Xᵀ."""
+        origin = _storage_node(root)
+        if not _elementwise(origin):
+            return False
+        numel, stack, seen = root.meta["val"].numel(), [origin], set()
+        while stack:
+            for source in stack.pop().all_input_nodes:
+                value = source.meta.get("val")
+                if source in seen or not isinstance(value, torch.Tensor):
+                    continue
+                seen.add(source)
+                if statically_known_true(value.numel() * 16 <= numel) or needed_in_backward(source):
+                    continue
+                if not (_is_view(source) or _elementwise(source)):
+                    return False
+                stack.append(source)
+        return True
+
+    # The marked forward nodes in groups (one operand's quantize, scores, selection, extracted rows), each
+    # moved into backward whole or not at all.
+    group = {node: node for node in graph.nodes if _marked(node) and node not in backward}
+
+    def find(node: torch.fx.Node) -> torch.fx.Node:
+        while group[node] is not node:
+            node = group[node]
+        return node
+
+    for node in group:
+        for arg in node.all_input_nodes:
+            if arg in group:
+                group[find(arg)] = find(node)
+    movable = {find(node) for node in group}
+    for node in group:
+        if not all(recomputable(root) for root in _roots(node, backward)):
+            movable.discard(find(node))
+
     tagged = 0
 
     def tag(node: torch.fx.Node) -> None:
@@ -105,21 +178,17 @@ def tag_wgrad_operands(graph: torch.fx.Graph) -> int:
             tagged += 1
 
     for node in graph.nodes:
-        if not _marked(node):
+        if not _marked(node) or (node in group and find(node) not in movable):
             continue
-        if node not in backward:
+        if node in group:
             tag(node)
-        for root in node.all_input_nodes:
-            value = root.meta.get("val")
-            if root in backward or _marked(root) or "recompute" in root.meta:
+        for root in _roots(node, backward):
+            if not recomputable(root):
                 continue
-            if not (isinstance(value, torch.Tensor) and value.is_floating_point() and value.dim() >= 2):
-                continue  # the seed, the Hadamard signs: kept as they are
-            while _is_view(root) and "recompute" not in root.meta:
+            while _is_view(root):
                 tag(root)
                 root = root.all_input_nodes[0]
-            if _elementwise(root):
-                tag(root)
+            tag(root)
     return tagged
 
 
