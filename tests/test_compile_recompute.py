@@ -47,9 +47,13 @@ def _model(backward_rounding: str = "nearest") -> torch.nn.Module:
     return model
 
 
-def _kept(block: torch.nn.Module, recompute: bool) -> dict[str, tuple[int, bool]]:
+def _marked(node: torch.fx.Node) -> bool:
+    return (node.meta.get("custom") or {}).get("adahop") == WGRAD_OPERAND
+
+
+def _kept(block: torch.nn.Module, recompute: bool) -> tuple[dict[str, tuple[int, bool]], int]:
     """What the compiled block's forward hands its backward, parameters left out: name -> (bytes, whether
-    a wgrad-operand node made it)."""
+    a wgrad-operand node made it); and how many wgrad-operand ops its forward graph runs."""
     torch._dynamo.reset()
     compiled = torch.compile(block, dynamic=False, options=compile_options(recompute) or None)
     x = torch.zeros(2, TOKENS // 2, DIM, requires_grad=True)
@@ -65,9 +69,9 @@ def _kept(block: torch.nn.Module, recompute: bool) -> dict[str, tuple[int, bool]
     for node in chosen:
         value = node.meta.get("val")
         if isinstance(value, torch.Tensor) and not (node.op == "placeholder" and tuple(value.shape) in params):
-            marked = (node.meta.get("custom") or {}).get("adahop") == WGRAD_OPERAND
-            kept[node.name] = (value.untyped_storage().nbytes(), marked)
-    return kept
+            kept[node.name] = (value.untyped_storage().nbytes(), _marked(node))
+    forward = chosen[0].graph
+    return kept, sum(node.op == "call_function" and _marked(node) for node in forward.nodes)
 
 
 def _mxfp4_bytes(rows: int, k: int) -> int:
@@ -78,9 +82,11 @@ def _mxfp4_bytes(rows: int, k: int) -> int:
 def test_compiled_block_keeps_no_wgrad_operand_with_the_pass():
     """Off, the block keeps each wgrad operand as the forward made it; on, none of them, and nothing new
     in their place (X is recomputed from what the block keeps anyway: its input and RMSNorm's statistics,
-    w1's and w3's outputs, the attention output). What goes is exactly those operands' bytes."""
+    w1's and w3's outputs, the attention output). What goes is exactly those operands' bytes, and the
+    forward no longer runs the ops that made them (they run in backward)."""
     block = _model().layers[0]
-    off, on = _kept(block, recompute=False), _kept(block, recompute=True)
+    (off, forward_off), (on, forward_on) = _kept(block, recompute=False), _kept(block, recompute=True)
+    assert forward_off > 0 and forward_on == 0
     assert set(on) < set(off)
     assert not any(marked for _, marked in on.values())
     assert any(marked for _, marked in off.values())
@@ -116,7 +122,7 @@ def test_pass_leaves_stochastic_xt_and_checkpointed_blocks_as_they_are(checkpoin
     model = _model("stochastic" if not checkpointed else "nearest")
     model.recompute = checkpointed
     block = model.layers[0]
-    assert _kept(block, recompute=True) == _kept(block, recompute=False)
+    assert _kept(block, recompute=True)[0] == _kept(block, recompute=False)[0]
 
 
 def test_trainer_compiles_blocks_with_the_pass_when_asked(small_overrides, tmp_path, monkeypatch):
