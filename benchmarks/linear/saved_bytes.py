@@ -53,6 +53,8 @@ RECIPES = (
     "mxfp4_hadamard",
 )
 LINEARS = ("wq", "wk", "wv", "wo", "w1", "w3", "w2")
+# The compiled table's ratio columns, each where its recipe is among ``--recipes``.
+REFERENCES = {"bf16": "BF16 (per token)", "torchao_float8_tensorwise": "float8 tensorwise"}
 # The (x, w, dY) patterns behind the plans the H200 froze at c340476 (lv2's and lv1's mixes over 16 blocks
 # both follow from them: ``check_patterns``), most common first.
 PATTERNS: dict[str, list[tuple[tuple[str, str, str], int]]] = {
@@ -246,30 +248,30 @@ def markdown(results: dict) -> str:
         for r in recipes
     }
     lines.append("| **block** | " + " | ".join(f"**{t:,.0f}** + {s / 1e6:.1f} MB" for t, s in totals.values()) + " |")
-    bf16_linear = sum(eager["bf16"][n]["per_token"] for n in LINEARS)
-    lines.append(
-        "| linears vs BF16 | "
-        + " | ".join(
-            f"{sum(eager[r].get(n, {}).get('per_token', 0) for n in LINEARS) / bf16_linear:.2f}" for r in recipes
+    if "bf16" in eager:  # a ratio to BF16's in every cell: no row without it
+        bf16_linear = sum(eager["bf16"][n]["per_token"] for n in LINEARS)
+        lines.append(
+            "| linears vs BF16 | "
+            + " | ".join(
+                f"{sum(eager[r].get(n, {}).get('per_token', 0) for n in LINEARS) / bf16_linear:.2f}" for r in recipes
+            )
+            + " |"
         )
-        + " |"
-    )
     if compiled:
+        # A ratio column for each reference recipe measured in this run.
+        references = {f"vs {label}": compiled[name] for name, label in REFERENCES.items() if name in compiled}
         lines += [
             "",
             f"Compiled block (what Inductor's partitioner keeps), and `{PRESET}` {STEP_TOKENS // 2048} x 2048 over "
             f"{n_layers} blocks (activations + per-step operands, GiB):",
             "",
-            "| recipe | bytes per token | per-step MB | vs BF16 (per token) | vs float8 tensorwise | model GiB |",
-            "|---|---:|---:|---:|---:|---:|",
+            "| recipe | bytes per token | per-step MB | " + "".join(f"{h} | " for h in references) + "model GiB |",
+            "|---|---:|---:|" + "---:|" * (len(references) + 1),
         ]
-        base, f8 = compiled.get("bf16"), compiled.get("torchao_float8_tensorwise")
         for recipe, c in compiled.items():
             model = n_layers * (c["per_token"] * STEP_TOKENS + c["per_step"]) / 2**30
-            ratios = ["-" if ref is None else f"{c['per_token'] / ref['per_token']:.3f}" for ref in (base, f8)]
-            lines.append(
-                f"| {recipe} | {c['per_token']:,.0f} | {c['per_step'] / 1e6:.1f} | {' | '.join(ratios)} | {model:.2f} |"
-            )
+            ratios = "".join(f"{c['per_token'] / ref['per_token']:.3f} | " for ref in references.values())
+            lines.append(f"| {recipe} | {c['per_token']:,.0f} | {c['per_step'] / 1e6:.1f} | {ratios}{model:.2f} |")
     return "\n".join(lines) + "\n"
 
 
