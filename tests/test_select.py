@@ -8,7 +8,7 @@ import torch
 import triton
 
 from adahop import ops
-from adahop.kernels.select import _top_rows_kernel, top_rows_triton
+from adahop.kernels.select import DIGIT_BITS, _top_rows_kernel, top_rows_triton
 from adahop.policy.selection import top_rows_reference
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -77,7 +77,7 @@ def kernel_writes(s: torch.Tensor, k: int) -> torch.Tensor:
     shows (``top_rows_triton`` gives it exactly k, where a stray write corrupts memory)."""
     out = torch.full((s.numel() + 8,), -7, dtype=torch.int64, device=DEVICE)
     n_pad = triton.next_power_of_2(s.numel())
-    _top_rows_kernel[(1,)](s.to(DEVICE).contiguous(), out, s.numel(), k, N_PAD=n_pad)
+    _top_rows_kernel[(1,)](s.to(DEVICE).contiguous(), out, s.numel(), k, N_PAD=n_pad, DIGIT_BITS=DIGIT_BITS)
     return out.cpu()
 
 
@@ -122,3 +122,58 @@ def test_op_routes_agree_and_errors_say_what_is_wrong():
         top_rows_reference(s, 301)
     with pytest.raises(ValueError, match="1-D float32, bfloat16 or float16"):
         top_rows_reference(s.double(), 3)
+
+
+def check_kernel(s: torch.Tensor, k: int) -> None:
+    ref = top_rows_reference(s, k)
+    out = kernel_writes(s, k)
+    assert torch.equal(out[:k], ref) and (out[k:] == -7).all(), (s, k)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_every_k_on_small_adversarial_vectors(dtype):
+    """Every k from 1 to n, n not a power of two: all keys equal, all zero (+0 and -0), NaNs of
+    both signs, infinities, a subnormal, and runs of equal values across the k-th place."""
+    # A subnormal, but the interpreter flushes bfloat16 subnormals to zero when it widens them
+    # (the GPU's conversion is exact): the smallest normal there.
+    tiny = torch.finfo(dtype).smallest_normal / (1 if dtype == torch.bfloat16 else 8)
+    nan, inf = float("nan"), float("inf")
+    vectors = [
+        [2.5] * 7,
+        [0.0, -0.0, 0.0, -0.0, 0.0],
+        [nan, 1.0, -nan, inf, -inf, 1.0, 0.0, tiny, -tiny],
+        [3.0, 3.0, 1.0, 3.0, 1.0, 1.0, 3.0, 0.0, 1.0, 3.0, 3.0],
+        [tiny, 0.0, tiny, -tiny, 0.0, tiny],
+    ]
+    for values in vectors:
+        s = torch.tensor(values).to(dtype)
+        for k in range(1, len(values) + 1):
+            check_kernel(s, k)
+
+
+def test_keys_that_differ_only_in_low_bits():
+    """float32 scores one ulp apart around every digit boundary of the radix select (the low bits
+    decide, and the highest key bit set is below bit 30), ties among them, k at every place."""
+    base = torch.tensor(1.0).view(torch.int32)
+    offsets = torch.tensor([0, 1, 31, 32, 33, 1023, 1024, 1, 32, 0, 1025, 31])
+    s = (base + offsets).to(torch.int32).view(torch.float32)
+    for k in range(1, len(offsets) + 1):
+        check_kernel(s, k)
+        check_kernel(s / 1024, k)  # below 2.0: key bit 30 clear
+    g = torch.Generator().manual_seed(3)
+    bits = torch.randint(0, 1 << 10, (1000,), generator=g, dtype=torch.int32)  # subnormals: keys < 2**10
+    for k in (1, 64, 999, 1000):
+        check_kernel(bits.view(torch.float32), k)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_many_ties_at_the_threshold(dtype):
+    """Thousands of equal scores straddle the k-th place among random ones (n = 3000, not a
+    power of two), with the largest few distinct."""
+    g = torch.Generator().manual_seed(11)
+    s = torch.rand(3000, generator=g)
+    s[torch.randperm(3000, generator=g)[:2000]] = 0.5
+    s[:5] = torch.tensor([9.0, 8.0, 7.0, 8.0, 9.0])
+    s = s.to(dtype)
+    for k in (1, 5, 6, 64, 1500, 2999, 3000):
+        check_kernel(s, k)
