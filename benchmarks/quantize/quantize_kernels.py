@@ -35,6 +35,7 @@ def cases(seed: torch.Tensor) -> dict:
     # wk/wv's dYᵀ, [512, 8192]: few long rows, each split into parts by the fold's launch plan
     packed_kv = quantize_mx_triton(x["dy_512"].t().contiguous(), axis=-1, hadamard_block_size=32)
     scores = x["dy_8192"][:, 0].float().abs()
+    scores_16k = x["dy_8192"][:2].flatten().float().abs()  # the largest selection of a 1b 8x2048 step
     return {
         "fold_rows x_2048 H32 RN": lambda: quantize_fold_fp8(x["x_2048"], hadamard_block_size=32),
         "fold_rows dy_8192 H32 SR": lambda: quantize_fold_fp8(
@@ -56,6 +57,7 @@ def cases(seed: torch.Tensor) -> dict:
         "fold dyT_8192": lambda: fold_to_fp8(packed_dy),
         "fold dyT_512": lambda: fold_to_fp8(packed_kv),
         "top_rows 8192 k64": lambda: top_rows_triton(scores, 64),
+        "top_rows 16384 k64": lambda: top_rows_triton(scores_16k, 64),
     }
 
 

@@ -67,8 +67,12 @@ def resources(compiled) -> tuple[int, int]:
 def main() -> None:
     kernel = select._top_rows_kernel
     digits = "DIGIT_BITS" in kernel.arg_names
-    print(f"triton {triton.__version__}, sm_90, {f'radix select, {select.DIGIT_BITS}-bit digits' if digits else 'bisection'}")
-    print("n | warps | regs | stack | smem | instr (loop) | BAR (loop) | bf16 keys: passes, executed instr, BAR | f32: same")
+    print(
+        f"triton {triton.__version__}, sm_90, {f'radix select, {select.DIGIT_BITS}-bit digits' if digits else 'bisection'}"
+    )
+    print(
+        "n | warps | regs | stack | smem | instr (loop) | BAR (loop) | bf16 keys: passes, executed instr, BAR | f32: same"
+    )
     for n in SIZES:
         warps = 4 if n <= 2048 else 8 if n <= 8192 else 16  # as top_rows_triton picks
         constexprs = {"N_PAD": n} | ({"DIGIT_BITS": select.DIGIT_BITS} if digits else {})

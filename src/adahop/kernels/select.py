@@ -90,7 +90,5 @@ def top_rows_triton(scores: torch.Tensor, k: int) -> torch.Tensor:
     out = torch.empty(k, dtype=torch.int64, device=scores.device)
     n_pad = triton.next_power_of_2(n)
     num_warps = 4 if n_pad <= 2048 else 8 if n_pad <= 8192 else 16
-    _top_rows_kernel[(1,)](
-        scores.contiguous(), out, n, k, N_PAD=n_pad, DIGIT_BITS=DIGIT_BITS, num_warps=num_warps
-    )
+    _top_rows_kernel[(1,)](scores.contiguous(), out, n, k, N_PAD=n_pad, DIGIT_BITS=DIGIT_BITS, num_warps=num_warps)
     return out
