@@ -177,3 +177,14 @@ def test_many_ties_at_the_threshold(dtype):
     s = s.to(dtype)
     for k in (1, 5, 6, 64, 1500, 2999, 3000):
         check_kernel(s, k)
+
+
+@pytest.mark.parametrize("n", [32768, 40000])
+def test_largest_vectors_all_tied(n):
+    """Counts at the edges of the ranking scan: up to 32,768 scores it packs the rows above and
+    the ties in 16 bits each (a count of 32,768 sets the sign bit), beyond that it scans them
+    apart. Every score equal, then all but three."""
+    s = torch.full((n,), 3.0)
+    check_kernel(s, n - 1)  # the last row's tie count is n: it must be left out
+    s[[5, n // 2, n - 1]] = torch.tensor([4.0, 5.0, float("nan")])
+    check_kernel(s, n - 2)

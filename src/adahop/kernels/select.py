@@ -69,13 +69,18 @@ def _top_rows_kernel(score_ptr, out_ptr, n, k, N_PAD: tl.constexpr, DIGIT_BITS: 
         shift -= DIGIT_BITS
 
     # `prefix` is the k-th largest key and `above` counts the keys above it; the ties it needs
-    # go to the lowest indices. Two independent scans rank both sets: a row's slot counts the
-    # taken rows up to it, ascending.
+    # go to the lowest indices. A row's slot counts the taken rows up to it, ascending: the rows
+    # above up to it, plus its ties up to it while fewer than wanted (one scan of both counts).
     over = key > prefix
     tie = key == prefix
     ties_wanted = k - above
-    over_before = tl.cumsum(over.to(tl.int32), axis=0)
-    ties_before = tl.cumsum(tie.to(tl.int32), axis=0)
+    if N_PAD <= (1 << 15):  # both counts fit 16 bits: one scan of both
+        both = tl.cumsum(over.to(tl.int32) | (tie.to(tl.int32) << 16), axis=0)
+        over_before = both & 0xFFFF
+        ties_before = (both >> 16) & 0xFFFF
+    else:
+        over_before = tl.cumsum(over.to(tl.int32), axis=0)
+        ties_before = tl.cumsum(tie.to(tl.int32), axis=0)
     take = over | (tie & (ties_before <= ties_wanted))
     slot = over_before + tl.minimum(ties_before, ties_wanted) - 1
     tl.store(out_ptr + slot, offs.to(tl.int64), mask=take)
