@@ -60,8 +60,8 @@ def _top_rows_kernel(score_ptr, out_ptr, n, k, N_PAD: tl.constexpr, DIGIT_BITS: 
     above = tl.zeros((), dtype=tl.int32)  # keys above every key with this prefix
     bins = tl.arange(0, RADIX)
     while shift >= low:
-        rest = (key ^ prefix) >> shift  # the digit, where the settled digits match (else >= RADIX)
-        counts = tl.histogram(rest & (RADIX - 1), RADIX, mask=valid & (rest < RADIX))
+        rest = (key ^ prefix) >> shift  # the digit where the settled digits match, else >= RADIX
+        counts = tl.histogram(rest & (RADIX - 1), RADIX, mask=rest.to(tl.uint32, bitcast=True) < RADIX)
         at_or_above = above + tl.cumsum(counts, axis=0, reverse=True)  # keys >= each digit
         digit = tl.sum((at_or_above >= k).to(tl.int32), axis=0) - 1  # at_or_above never grows
         above += tl.sum(tl.where(bins > digit, counts, 0), axis=0)
