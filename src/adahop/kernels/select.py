@@ -4,9 +4,9 @@
 select, and a training step calls it once per outlier-extracting GEMM. Here one program holds
 all scores in registers and finds the ``k``-th largest by a radix select on their bits, a few
 bits a pass (non-negative float32 values order like their bit patterns as integers; every NaN
-gets one key above +Inf, so NaNs tie as the rule says), then writes the chosen indices in ascending order: the rule of
-``policy.selection.top_rows_reference``, bit for bit, ties included. Runs on CUDA, or on CPU
-tensors under ``TRITON_INTERPRET=1``.
+gets one key above +Inf, so NaNs tie as the rule says), then writes the chosen indices in
+ascending order: the rule of ``policy.selection.top_rows_reference``, bit for bit, ties
+included. Runs on CUDA, or on CPU tensors under ``TRITON_INTERPRET=1``.
 """
 
 from __future__ import annotations
