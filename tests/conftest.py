@@ -6,6 +6,7 @@ TRITON_INTERPRET must be set before triton is first imported, so it is set here.
 import contextlib
 import json
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,19 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
+
+
+@pytest.fixture
+def sigint_reaches_children():
+    """Children of this process start with SIGINT at its default, as under a terminal. A shell starts
+    a background job (a CI runner's, ``cmd &``) with SIGINT ignored, and an ignored signal stays
+    ignored across exec, so a test's Ctrl-C would never reach the run; a handler is reset at exec."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        yield
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    else:
+        yield
 
 
 # ---- small training runs (trainer, checkpoint and analysis tests) ---------------------------

@@ -291,7 +291,7 @@ def test_a_metrics_record_cut_short_is_left_out(tmp_path):
 
 
 # ---- 5. Ctrl-C, unusable run directories, a full disk, no CUDA --------------------------------
-def test_ctrl_c_is_one_line_with_the_last_checkpoint_and_exit_130(small_overrides, tmp_path):
+def test_ctrl_c_is_one_line_with_the_last_checkpoint_and_exit_130(small_overrides, tmp_path, sigint_reaches_children):
     run = tmp_path / "run"
     process = run_cli(as_argv(small_overrides(run, training__steps=200)))
     first = run / "checkpoints" / "step_0000002.pt"

@@ -206,7 +206,7 @@ def test_one_killed_rank_is_one_line(small_overrides, tmp_path):
 
 @pytest.mark.slow
 @TORCHRUN
-def test_ctrl_c_under_torchrun_is_one_line(small_overrides, tmp_path):
+def test_ctrl_c_under_torchrun_is_one_line(small_overrides, tmp_path, sigint_reaches_children):
     """Ctrl-C signals the terminal's whole process group: every worker stops where it is and the
     first to stop prints the one line (workers exit 130; torchrun's own exit status is torchrun's)."""
     run = tmp_path / "run"
@@ -221,7 +221,9 @@ def test_ctrl_c_under_torchrun_is_one_line(small_overrides, tmp_path):
 
 @pytest.mark.slow
 @TORCHRUN
-def test_ctrl_c_exits_130_with_a_checkpoint_when_torchrun_leaves_sigint_alone(small_overrides, tmp_path):
+def test_ctrl_c_exits_130_with_a_checkpoint_when_torchrun_leaves_sigint_alone(
+    small_overrides, tmp_path, sigint_reaches_children
+):
     """``torchrun --signals-to-handle=SIGTERM,SIGHUP,SIGQUIT`` (docs/reliability.md): Ctrl-C ends
     torchrun by SIGINT itself (a shell reports 130), and its shutdown SIGTERMs the workers, which
     stop together after a checkpoint."""
