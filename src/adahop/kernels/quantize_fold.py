@@ -76,29 +76,31 @@ def _store_folded_exact(out_ptr, magnitudes, negative, sign_weight, shift, nan, 
 
 
 @triton.jit
-def _quantize_fold_rows_kernel(
-    x_ptr,
-    signs_ptr,
+def store_folded_rows(
+    v0,
+    v1,
+    v2,
+    v3,
+    inv_scale,
+    limit,
+    sign_weight,
+    scale_codes,
+    score,
+    rows,
+    blocks,
+    M,
+    N,
+    seed,
     out_ptr,
     row_scale_ptr,
     lossy_ptr,
     score_ptr,
-    M,
-    N,
-    stride_m,
-    seed_ptr,
-    hadamard_scale,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
     SPEC: tl.constexpr,
 ):
-    NB: tl.constexpr = BLOCK_N // 32
-    seed = tl.load(seed_ptr)
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    blocks = tl.arange(0, NB)
-    v0, v1, v2, v3, inv_scale, limit, sign_weight, scale_codes, score = row_blocks(
-        x_ptr, signs_ptr, rows, blocks, M, N, stride_m, hadamard_scale, SPEC
-    )
+    """Encode, fold and store whole rows from ``row_blocks``' (or ``slice_blocks``') outputs: the
+    E4M3 bytes, each row's scale and lossy count (and score with ``SPEC.scores``). A kernel that
+    computes the rows it quantizes (a producer's epilogue) calls it as this module's kernel does."""
+    BLOCK_M: tl.constexpr = rows.shape[0]
     # Magnitude codes (sign weight 0), with Philox counters as in the packed layout (call c draws
     # the noise of elements 16c..16c+15), so the noise, and so the codes, are those of quantize_mx_triton.
     call0 = rows.to(tl.int64)[:, None] * (N // 16) + (blocks * 2)[None, :]
@@ -145,6 +147,36 @@ def _quantize_fold_rows_kernel(
     tl.store(lossy_ptr + rows, lossy, mask=row_ok)
     if SPEC.scores:  # a program holds whole rows
         tl.store(score_ptr + rows, score, mask=row_ok)
+
+
+@triton.jit
+def _quantize_fold_rows_kernel(
+    x_ptr,
+    signs_ptr,
+    out_ptr,
+    row_scale_ptr,
+    lossy_ptr,
+    score_ptr,
+    M,
+    N,
+    stride_m,
+    seed_ptr,
+    hadamard_scale,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SPEC: tl.constexpr,
+):
+    NB: tl.constexpr = BLOCK_N // 32
+    seed = tl.load(seed_ptr)
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    blocks = tl.arange(0, NB)
+    v0, v1, v2, v3, inv_scale, limit, sign_weight, scale_codes, score = row_blocks(
+        x_ptr, signs_ptr, rows, blocks, M, N, stride_m, hadamard_scale, SPEC
+    )
+    store_folded_rows(
+        v0, v1, v2, v3, inv_scale, limit, sign_weight, scale_codes, score,
+        rows, blocks, M, N, seed, out_ptr, row_scale_ptr, lossy_ptr, score_ptr, SPEC,
+    )  # fmt: skip
 
 
 @functools.lru_cache(maxsize=1024)
