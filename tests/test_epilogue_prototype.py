@@ -1,8 +1,10 @@
 """The epilogue prototype of ``benchmarks/quantize/epilogue`` (issue #30's "quantize where the tensor is
 produced", outside ``src``): the fused SwiGLU and RMSNorm quantize-fold kernels equal the composition they
 replace, ``quantize_fold_fp8(producer output)``, bit for bit in every field (Triton interpreter), their bf16
-outputs equal the producer's."""
+outputs equal the producer's, and ``epilogue_ab.py --dry-run`` keeps the GPU script working."""
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -110,3 +112,16 @@ def test_inputs_the_kernels_do_not_take_get_one_clear_error():
         rmsnorm_quantize_fold(bf, torch.ones(32), 1e-5)
     with pytest.raises(ValueError, match="whole blocks of 32"):
         rmsnorm_quantize_fold(bf[:, :48].clone(), torch.ones(48), 1e-5)
+
+
+def test_gpu_script_dry_run_is_bit_exact(tmp_path):
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
+    script = ROOT / "benchmarks" / "quantize" / "epilogue" / "epilogue_ab.py"
+    run = subprocess.run(
+        [sys.executable, str(script), "--dry-run", "--out", str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "bit-exact: True" in run.stdout
+    assert (tmp_path / "epilogue_ab.json").exists() and "| producer |" in run.stdout

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 30's quantize-kernel levers on one H200 in one GPU call (<= 600 s): the GPU kernel tests (bit for bit at
 # full size), then `quantize_kernels.py` on a baseline tree and on this one, A B B A, then the tensor-core
-# Hadamard prototype's checks and timings (`hadamard_tensor_cores.py`).
+# Hadamard prototype's checks and timings (`hadamard_tensor_cores.py`), and last, only if the time left allows,
+# the epilogue prototype's A/B (`epilogue/epilogue_ab.py`: fused SwiGLU/RMSNorm quantize-fold kernels).
 #
 # The baseline is the code the 2026-12-05 step bench measured (8e927ec): the A/B then times every kernel lever
 # built on the CPU since (column-wise quantizer, split fold, 8-bit SR noise) at the step's shapes. Before the call,
@@ -11,9 +12,10 @@
 # DRY=1 runs the CPU parts (the prototype's interpreter checks) and prints what the GPU call would run.
 #
 # Environment: OUT [/tmp/kernels_ab_out], BASELINE_SRC [.baseline/src], TESTS_LIMIT [180] s for the tests,
-# AB_LIMIT [45] s per quantize_kernels.py run, HADAMARD_LIMIT [200] s (at most 560 s in all).
+# AB_LIMIT [45] s per quantize_kernels.py run, HADAMARD_LIMIT [200] s (at most 560 s in all); then the epilogue
+# A/B runs in what is left of TOTAL_LIMIT [560] s, if that is at least EPILOGUE_MIN [60] s (it needs about 150).
 # Output ($OUT): kernels_ab.log, gpu-tests.txt, kernels-{baseline,current}-{1,2}.txt, kernels_ab.md (the table:
-# microseconds per call, both runs, current / baseline), hadamard_tensor_cores.json.
+# microseconds per call, both runs, current / baseline), hadamard_tensor_cores.json, epilogue_ab.{json,md}.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 DRY=${DRY:-0}
@@ -22,6 +24,8 @@ BASELINE_SRC=${BASELINE_SRC:-.baseline/src}
 TESTS_LIMIT=${TESTS_LIMIT:-180}
 AB_LIMIT=${AB_LIMIT:-45}
 HADAMARD_LIMIT=${HADAMARD_LIMIT:-200}
+TOTAL_LIMIT=${TOTAL_LIMIT:-560}
+EPILOGUE_MIN=${EPILOGUE_MIN:-60}
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/kernels_ab.log") 2>&1
 T0=$(date +%s)
@@ -31,9 +35,12 @@ say "commit $ADAHOP_COMMIT; baseline $BASELINE_SRC; dry $DRY"
 
 if [ "$DRY" = 1 ]; then
   [ -d "$BASELINE_SRC/adahop" ] || echo "no $BASELINE_SRC/adahop: make it before the GPU call (see the header)"
-  say "would run: run_gpu_tests.sh (kernel tests), quantize_kernels.py A B B A, hadamard_tensor_cores.py"
+  say "would run: run_gpu_tests.sh (kernel tests), quantize_kernels.py A B B A, hadamard_tensor_cores.py, epilogue_ab.py"
   PYTHONPATH=$PWD/src python benchmarks/quantize/hadamard_tensor_cores.py --dry-run
-  exit $?
+  status=$?
+  PYTHONPATH=$PWD/src python benchmarks/quantize/epilogue/epilogue_ab.py --dry-run --out "$OUT"
+  status=$(( status | $? ))
+  exit $status
 fi
 if [ ! -d "$BASELINE_SRC/adahop" ]; then
   echo "no $BASELINE_SRC/adahop: make it on the CPU machine and carry .baseline (see this script's header)"
@@ -80,4 +87,15 @@ PY
 
 say "tensor-core Hadamard prototype (stopped after ${HADAMARD_LIMIT}s)"
 PYTHONPATH=$PWD/src timeout "$HADAMARD_LIMIT" python benchmarks/quantize/hadamard_tensor_cores.py --out "$OUT"
-say "done (exit $?)"
+say "tensor-core Hadamard done (exit $?)"
+
+LEFT=$(( TOTAL_LIMIT - ($(date +%s) - T0) ))
+if [ "$LEFT" -ge "$EPILOGUE_MIN" ]; then  # last, so it never crowds out the stages above
+  say "epilogue prototype A/B (stopped after ${LEFT}s)"
+  PYTHONPATH=$PWD/src timeout "$LEFT" python benchmarks/quantize/epilogue/epilogue_ab.py --out "$OUT" \
+    --budget $(( LEFT > 40 ? LEFT - 30 : 10 ))
+  say "epilogue done (exit $?)"
+else
+  say "epilogue prototype A/B skipped: ${LEFT}s left of ${TOTAL_LIMIT}s (needs ${EPILOGUE_MIN}s)"
+fi
+say "done"

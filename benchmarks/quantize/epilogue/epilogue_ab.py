@@ -1,0 +1,347 @@
+"""GPU A/B of issue #30's epilogue lever: the producer's Inductor kernel then ``quantize_fold_fp8``, against one
+fused kernel that computes and quantizes (with and without writing the bf16 output), at the step's shapes.
+
+    PYTHONPATH=src python benchmarks/quantize/epilogue/epilogue_ab.py --out $OUT     # GPU, <= 150 s on an H200
+    DRY=1 PYTHONPATH=src python benchmarks/quantize/epilogue/epilogue_ab.py          # CPU, interpreter, tiny shapes
+
+Shapes: ``llama3_1b`` at 8 x 2048 tokens and ``llama3_3b`` at 4 x 2048 (dims from ``models.llama``): the SwiGLU
+product [tokens, hidden] and RMSNorm [tokens, dim] of a float32 residual stream with a float32 weight (the
+single-GPU trainer: float32 parameters under bf16 autocast; the linear casts X to bf16). The forward quantizes
+as ``GemmConfig.act``: round to nearest, scale rule floor, the 32-point Hadamard (IHT and OE layers) or none
+(MXFP4 layers). First the checks, on the GPU: every fused output against ``quantize_fold_fp8`` of the eager
+product / the RMSNorm spec (``rmsnorm.py``), bit for bit in every field, on hard rows (NaN, Inf, zeros,
+subnormals, outliers) and on full-size random tensors, round to nearest and stochastic, with and without the
+Hadamard; silu's rounding over all 65,536 bf16 gates; and, for the record, how often Inductor's product and
+eager's RMSNorm differ from what the fused kernels compute. Then the timings: each variant is a CUDA graph of
+``CALLS`` calls cycling through enough input copies to exceed L2, replayed ``--repeats`` times under CUDA events,
+in the order split, fused, fused + bf16, fused + bf16, fused, split (A B B A); median and range over both runs.
+The table gives microseconds per call, the saving per call and per step (calls per step: SwiGLU once per layer,
+RMSNorm twice: the attention and FFN norms, whose q/k/v and w1/w3 quantize calls are one call each under
+``torch.compile``, as ``gemm.operand.prepare_operand`` arranges). ``--out``: ``epilogue_ab.json`` (rewritten
+after every stage) and ``epilogue_ab.md``. Stages past ``--budget`` seconds are skipped and say so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+DRY = "--dry-run" in sys.argv or os.environ.get("DRY") == "1"
+if DRY:  # before triton is imported
+    os.environ["TRITON_INTERPRET"] = "1"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/quantize: the epilogue package
+
+import torch  # noqa: E402
+
+from adahop.atomic import write_atomic  # noqa: E402
+from adahop.kernels.quantize_fold import quantize_fold_fp8  # noqa: E402
+from adahop.models.llama import RMSNorm, get_model_args  # noqa: E402
+from epilogue.inputs import hard_rows, same_bits, same_epilogue  # noqa: E402
+from epilogue.rmsnorm import rmsnorm_quantize_fold, rmsnorm_quantize_fold_reference, rmsnorm_reference  # noqa: E402
+from epilogue.swiglu import swiglu_product, swiglu_quantize_fold, swiglu_quantize_fold_reference  # noqa: E402
+
+PRESETS = {"llama3_1b 8x2048": ("llama3_1b", 8 * 2048), "llama3_3b 4x2048": ("llama3_3b", 4 * 2048)}
+DRY_SHAPES = {"dry": dict(tokens=16, dim=96, hidden=64, layers=2)}  # one interpreter program of rows
+EPS = 1e-5
+COPY_TB_PER_S = 4.22  # the H200's measured copy bandwidth (benchmarks/quantize/README.md)
+L2_BYTES = 60 << 20  # H200: a graph cycles through at least twice this much input
+CALLS = 12  # calls per graph replay
+SEED = 1234
+
+
+def preset_shapes() -> dict[str, dict]:
+    shapes = {}
+    for label, (preset, tokens) in PRESETS.items():
+        args = get_model_args(preset)
+        shapes[label] = dict(tokens=tokens, dim=args.dim, hidden=args.hidden_dim, layers=args.n_layers)
+    return shapes
+
+
+class Case:
+    """One producer at one shape: inputs, the three ways to get its quantized operand, and its bytes."""
+
+    def __init__(self, producer: str, shape: dict, device: torch.device, hadamard: int, compiled: bool):
+        self.producer, self.hadamard = producer, hadamard
+        gen = torch.Generator().manual_seed(3)
+        m = shape["tokens"]
+        self.n = shape["hidden"] if producer == "swiglu" else shape["dim"]
+        self.calls_per_step = shape["layers"] * (1 if producer == "swiglu" else 2)
+        self.options = dict(scale_rule="floor", rounding="nearest", hadamard_block_size=hadamard)
+        if producer == "swiglu":
+            make = lambda: (torch.randn(m, self.n, generator=gen) * 2).to(device, torch.bfloat16)  # noqa: E731
+            self.input_bytes = 2 * 2 * m * self.n  # gate and up, bf16
+            eager = swiglu_product
+        else:
+            make = lambda: (torch.randn(m, self.n, generator=gen) * torch.randn(m, 1, generator=gen).exp()).to(device)  # noqa: E731
+            self.input_bytes = 4 * m * self.n  # the float32 residual stream
+            self.norm = RMSNorm(self.n, EPS).to(device)
+            with torch.no_grad():
+                self.norm.weight.copy_(1 + 0.1 * torch.randn(self.n, generator=gen))
+            self.weight = self.norm.weight.detach()
+            eager = lambda h: self.norm(h).to(torch.bfloat16)  # noqa: E731
+        self.elements = m * self.n
+        copies = max(1, -(-2 * L2_BYTES // self.input_bytes)) if device.type == "cuda" else 1
+        self.inputs = [tuple(make() for _ in range(2 if producer == "swiglu" else 1)) for _ in range(copies)]
+        # Inductor's kernel writes the bf16 output the quantizer reads (eager in the dry run: no compiler needed).
+        self.producer_fn = torch.compile(eager, dynamic=False) if compiled else eager
+
+    def split(self, args):
+        with torch.no_grad():
+            return quantize_fold_fp8(self.producer_fn(*args), **self.options)
+
+    def fused(self, args, write: bool, **options):
+        options = {**self.options, **options}
+        if self.producer == "swiglu":
+            return swiglu_quantize_fold(*args, write_product=write, **options)
+        return rmsnorm_quantize_fold(*args, self.weight, EPS, write_output=write, **options)
+
+    def reference(self, args, write: bool, **options):
+        options = {**self.options, **options}
+        if self.producer == "swiglu":
+            return swiglu_quantize_fold_reference(*args, write_product=write, **options)
+        return rmsnorm_quantize_fold_reference(*args, self.weight, EPS, write_output=write, **options)
+
+    def bytes_moved(self, variant: str) -> int:
+        """Bytes read and written per call (the E4M3 operand is 1 byte per element; row scales are negligible)."""
+        bf16 = 2 * self.elements
+        return {"split": self.input_bytes + 2 * bf16 + self.elements, "fused": self.input_bytes + self.elements,
+                "fused+bf16": self.input_bytes + bf16 + self.elements}[variant]  # fmt: skip
+
+
+def check_case(case: Case, device: torch.device, roundings: tuple, hard: bool, full: bool) -> list[dict]:
+    """Bit-exactness of the fused kernel (both writes) against the composition, on hard rows and full size."""
+    results = []
+    inputs = {}
+    if hard:
+        m, n = (16 if DRY else 64), case.n
+        if case.producer == "swiglu":
+            inputs["hard rows"] = (hard_rows(m, n, seed=1).to(device), hard_rows(m, n, seed=2).to(device))
+        else:
+            inputs["hard rows"] = (hard_rows(m, n, seed=3, dtype=torch.float32).to(device),)
+    if full:
+        inputs["full size"] = case.inputs[0]
+    for name, args in inputs.items():
+        for rounding in roundings:
+            for write in (True, False):
+                row = dict(producer=case.producer, n=case.n, input=name, rounding=rounding, hadamard=case.hadamard,
+                           write=write)  # fmt: skip
+                try:
+                    got = case.fused(args, write, rounding=rounding, seed=SEED)
+                    want = case.reference(args, write, rounding=rounding, seed=SEED)
+                    fields = same_epilogue(got, want)
+                    row.update(exact=all(fields.values()), fields=fields)
+                except Exception as error:  # recorded; the other checks and the timings still run
+                    row.update(exact=False, error=repr(error)[:500])
+                print(f"check {row}", flush=True)
+                results.append(row)
+    return results
+
+
+def silu_check(device: torch.device) -> dict:
+    """silu's rounding for every bf16 gate (and a random up) through the fused kernel's written product."""
+    gate = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).view(-1, 64)
+    up = torch.randn(gate.shape, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    gate, up = gate.to(device), up.to(device)
+    got = swiglu_quantize_fold(gate, up, write_product=True).output
+    return dict(check="silu over all bf16 gates", exact=same_bits(got, swiglu_product(gate, up)))
+
+
+def differences(case: Case) -> dict:
+    """How often the split path's producer (Inductor on the GPU) and eager differ from what the fused kernel
+    computes, on the first full-size input: bf16 elements that differ, and the largest difference in bf16 ulps."""
+    args = case.inputs[0]
+    with torch.no_grad():
+        ours = swiglu_product(*args) if case.producer == "swiglu" else rmsnorm_reference(*args, case.weight, EPS)
+        others = {"split producer": case.producer_fn(*args)}
+        if case.producer == "rmsnorm":
+            others["eager"] = case.norm(*args).to(torch.bfloat16)
+    out = {}
+    for name, other in others.items():
+        ulps = (other.view(torch.int16).int() - ours.view(torch.int16).int()).abs()
+        finite = other.isfinite() & ours.isfinite()
+        out[name] = dict(differ=float((ulps[finite] > 0).float().mean()), max_ulps=int(ulps[finite].max()))
+    return out
+
+
+def graph_times(launches: list, repeats: int, on_cuda: bool) -> list[float]:
+    """Seconds per launch of each repeat: one CUDA graph of ``launches`` replayed under CUDA events (wall clock
+    in the interpreter)."""
+    if not on_cuda:
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            for launch in launches:
+                launch()
+            times.append((time.perf_counter() - start) / len(launches))
+        return times
+    for launch in launches:  # compile and allocate outside the capture
+        launch()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for launch in launches:
+            launch()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3 / len(launches))
+    return times
+
+
+def time_case(case: Case, repeats: int, on_cuda: bool) -> dict:
+    """Microseconds per call of every variant, A B B A, and the producer and quantizer alone."""
+    calls = CALLS if on_cuda else 1
+    pick = [case.inputs[i % len(case.inputs)] for i in range(calls)]
+    variants = {
+        "split": [lambda a=a: case.split(a) for a in pick],
+        "fused": [lambda a=a: case.fused(a, False) for a in pick],
+        "fused+bf16": [lambda a=a: case.fused(a, True) for a in pick],
+    }
+    with torch.no_grad():
+        produced = [case.producer_fn(*a) for a in case.inputs]
+    alone = {
+        "producer alone": [lambda a=a: case.producer_fn(*a) for a in pick],
+        "quantize alone": [lambda p=produced[i % len(produced)]: quantize_fold_fp8(p, **case.options) for i in range(calls)],
+    }  # fmt: skip
+    times = {name: [] for name in (*variants, *alone)}
+    with torch.no_grad():
+        for name in ("split", "fused", "fused+bf16", "fused+bf16", "fused", "split"):  # A B B A
+            times[name] += graph_times(variants[name], repeats, on_cuda)
+        for name, launches in alone.items():
+            times[name] += graph_times(launches, repeats, on_cuda)
+    row = dict(producer=case.producer, n=case.n, hadamard=case.hadamard, calls_per_step=case.calls_per_step)
+    for name, ts in times.items():
+        us = [t * 1e6 for t in ts]
+        row[name] = dict(median_us=statistics.median(us), min_us=min(us), max_us=max(us))
+    for name in variants:
+        row[name]["bytes"] = case.bytes_moved(name)
+        row[name]["tb_per_s"] = case.bytes_moved(name) / (row[name]["median_us"] * 1e-6) / 1e12
+    for name in ("fused", "fused+bf16"):
+        saving = row["split"]["median_us"] - row[name]["median_us"]
+        row[name]["saving_us"] = saving
+        row[name]["saving_ms_per_step"] = saving * case.calls_per_step / 1e3
+        saved_bytes = case.bytes_moved("split") - case.bytes_moved(name)
+        row[name]["bytes_saving_ms_per_step"] = saved_bytes / (COPY_TB_PER_S * 1e12) * 1e3 * case.calls_per_step
+    print(f"time {row}", flush=True)
+    return row
+
+
+def table(timings: list[dict]) -> str:
+    def us(v):
+        return f"{v['median_us']:.1f} [{v['min_us']:.1f}, {v['max_us']:.1f}]"
+
+    lines = [
+        "| producer | preset | shape | H | split us | producer alone | quantize alone | fused us | fused+bf16 us "
+        "| saving per call us (fused / +bf16) | calls per step | saving per step ms (fused / +bf16) | bytes saved at copy bandwidth, ms per step (fused / +bf16) |",  # fmt: skip
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in timings:
+        f, w = r["fused"], r["fused+bf16"]
+        lines.append(
+            f"| {r['producer']} | {r['preset']} | {r['shape']} | {r['hadamard']} | {us(r['split'])} | "
+            f"{us(r['producer alone'])} | {us(r['quantize alone'])} | {us(f)} | {us(w)} | "
+            f"{f['saving_us']:.1f} / {w['saving_us']:.1f} | {r['calls_per_step']} | "
+            f"{f['saving_ms_per_step']:.2f} / {w['saving_ms_per_step']:.2f} | "
+            f"{f['bytes_saving_ms_per_step']:.2f} / {w['bytes_saving_ms_per_step']:.2f} |"
+        )
+    per_preset = {}
+    for r in timings:
+        if r["hadamard"] == 32:
+            total = per_preset.setdefault(r["preset"], [0.0, 0.0])
+            total[0] += r["fused"]["saving_ms_per_step"]
+            total[1] += r["fused+bf16"]["saving_ms_per_step"]
+    for preset, (fused, written) in per_preset.items():
+        lines.append(f"\n{preset}, H32, SwiGLU + RMSNorm: {fused:.2f} ms per step fused, {written:.2f} ms with the bf16 output")  # fmt: skip
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    start = time.perf_counter()
+    device = torch.device("cpu" if DRY else "cuda")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("no CUDA device: run with --dry-run (or DRY=1) on the CPU (Triton's interpreter)", file=sys.stderr)
+        return 2
+    import triton
+
+    info = dict(torch=torch.__version__, triton=triton.__version__, commit=os.environ.get("ADAHOP_COMMIT", ""),
+                device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu (interpreter)")  # fmt: skip
+    print(info, flush=True)
+    out = Path(args.out) if args.out else None
+    results = dict(info=info, checks=[], differences={}, timings=[], skipped=[])
+    shapes = DRY_SHAPES if DRY else preset_shapes()
+    repeats = 2 if DRY else args.repeats
+
+    def save():
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            write_atomic(out / "epilogue_ab.json", json.dumps(results, indent=1, default=str))
+
+    def over_budget(stage: str) -> bool:
+        if time.perf_counter() - start > args.budget:
+            results["skipped"].append(stage)
+            print(f"skipped (past {args.budget} s): {stage}", flush=True)
+            return True
+        return False
+
+    if not over_budget("silu over all bf16 gates"):
+        results["checks"].append(silu_check(device))
+    # The forward's quantization (round to nearest, H32) first: checks, then timings, preset by preset; then
+    # the other options' checks (stochastic rounding, no Hadamard) at the first preset's shapes.
+    for label, shape in shapes.items():
+        for producer in ("swiglu", "rmsnorm"):
+            stage = f"{label} {producer} H32"
+            if over_budget(stage):
+                continue
+            case = Case(producer, shape, device, 32, compiled=not DRY)
+            results["checks"] += check_case(case, device, ("nearest",), hard=True, full=True)
+            results["differences"][stage] = differences(case)
+            timing = time_case(case, repeats, device.type == "cuda")
+            timing.update(preset=label, shape=f"{shape['tokens']}x{case.n}")
+            results["timings"].append(timing)
+            save()
+            del case
+    first_label, first = next(iter(shapes.items()))
+    for producer in ("swiglu", "rmsnorm"):
+        for hadamard, roundings in ((32, ("stochastic",)), (0, ("nearest", "stochastic"))):
+            stage = f"{first_label} {producer} H{hadamard} {'/'.join(roundings)} checks"
+            if over_budget(stage):
+                continue
+            case = Case(producer, first, device, hadamard, compiled=False)
+            results["checks"] += check_case(case, device, roundings, hard=True, full=not DRY)
+            save()
+            del case
+    exact = all(c["exact"] for c in results["checks"])
+    results["bit_exact"] = exact
+    summary = table(results["timings"])
+    print(f"\nbit-exact: {exact} ({sum(c['exact'] for c in results['checks'])}/{len(results['checks'])} checks)")
+    print(f"differences from the fused kernels' product (fraction of elements, max ulps): {results['differences']}")
+    print("\n" + summary)
+    print(f"\n{time.perf_counter() - start:.0f} s; skipped: {results['skipped'] or 'nothing'}")
+    save()
+    if out is not None:
+        write_atomic(out / "epilogue_ab.md", summary + "\n")
+    return 0 if exact else 1
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--dry-run", action="store_true", help="CPU, Triton's interpreter, tiny shapes (or DRY=1)")
+    parser.add_argument("--out", help="folder for epilogue_ab.json and epilogue_ab.md (the device's $OUT)")
+    parser.add_argument("--repeats", type=int, default=10, help="timed graph replays per run (two runs per variant)")
+    parser.add_argument("--budget", type=float, default=130, help="seconds after which remaining stages are skipped")
+    return run(parser.parse_args())
+
+
+if __name__ == "__main__":
+    sys.exit(main())
