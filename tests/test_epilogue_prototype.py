@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT / "benchmarks" / "quantize"))
 
 from epilogue.inputs import hard_rows, same_bits, same_epilogue  # noqa: E402
 from epilogue.rmsnorm import rmsnorm_quantize_fold, rmsnorm_quantize_fold_reference, rmsnorm_reference  # noqa: E402
-from epilogue.swiglu import silu_product, swiglu_quantize_fold, swiglu_quantize_fold_reference  # noqa: E402
+from epilogue.swiglu import silu_product, silu_table, swiglu_quantize_fold, swiglu_quantize_fold_reference  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:(invalid value|overflow|divide by zero):RuntimeWarning")
 ROWS, COLS = 21, 96  # a partial program of rows; 3 blocks in a 4-block tile: BLOCK_N > N
@@ -42,26 +42,30 @@ def test_swiglu_equals_quantize_fold_of_the_eager_product(rounding, hadamard_blo
     assert_same(swiglu_quantize_fold(gate, up, **options), swiglu_quantize_fold_reference(gate, up, **options))
 
 
-def test_swiglu_without_the_product_and_with_signed_hadamard():
+def test_swiglu_with_silu_computed_without_the_product_and_with_signed_hadamard():
     gate, up = hard_rows(ROWS, 64, seed=3), hard_rows(ROWS, 64, seed=4)
-    options = dict(rounding="stochastic", seed=3, hadamard_block_size=32, signs=random_signs(32, seed=1))
+    options = dict(rounding="stochastic", seed=3, hadamard_block_size=32, signs=random_signs(32, seed=1), silu="math")
     got = swiglu_quantize_fold(gate, up, **options)
     assert got.output is None and got.scores is None
     assert_same(got, swiglu_quantize_fold_reference(gate, up, **options))
 
 
 @triton.jit
-def _silu_product_kernel(g_ptr, u_ptr, out_ptr, N: tl.constexpr):
+def _silu_product_kernel(g_ptr, u_ptr, table_ptr, out_ptr, N: tl.constexpr):
     offs = tl.arange(0, N)
-    tl.store(out_ptr + offs, silu_product(tl.load(g_ptr + offs), tl.load(u_ptr + offs), False))
+    tl.store(out_ptr + offs, silu_product(tl.load(g_ptr + offs), tl.load(u_ptr + offs), table_ptr, False))
 
 
-def test_silu_product_rounds_as_eager_for_every_bf16_gate():
+@pytest.mark.parametrize("silu", ("table", "math"))
+def test_silu_product_rounds_as_eager_for_every_bf16_gate(silu):
     """All 65,536 bf16 gates (silu depends on nothing else), times 1 and times a random up."""
     gate = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    table = silu_table(gate.device) if silu == "table" else None
     for up in (torch.ones_like(gate), hard_rows(8, gate.numel() // 8, seed=5).flatten()):
         out = torch.empty_like(gate)
-        _silu_product_kernel[(1,)](gate.view(torch.int16), up.view(torch.int16), out.view(torch.int16), N=gate.numel())
+        _silu_product_kernel[(1,)](
+            gate.view(torch.int16), up.view(torch.int16), table, out.view(torch.int16), N=gate.numel()
+        )
         assert same_bits(out, F.silu(gate) * up)
 
 
@@ -106,6 +110,8 @@ def test_inputs_the_kernels_do_not_take_get_one_clear_error():
         swiglu_quantize_fold(bf, bf.half())
     with pytest.raises(ValueError, match="contiguous"):
         swiglu_quantize_fold(bf.t(), bf.t())
+    with pytest.raises(ValueError, match="silu must be one of"):
+        swiglu_quantize_fold(bf, bf, silu="fast")
     with pytest.raises(ValueError, match="hadamard_block_size 0 or 32"):
         swiglu_quantize_fold(bf, bf, hadamard_block_size=16)
     with pytest.raises(ValueError, match="h \\[M, N\\] and weight \\[N\\]"):
@@ -114,6 +120,7 @@ def test_inputs_the_kernels_do_not_take_get_one_clear_error():
         rmsnorm_quantize_fold(bf[:, :48].clone(), torch.ones(48), 1e-5)
 
 
+@pytest.mark.slow  # about 30 s: both producers' checks and timings in the interpreter
 def test_gpu_script_dry_run_is_bit_exact(tmp_path):
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))

@@ -65,8 +65,12 @@ def preset_shapes() -> dict[str, dict]:
 class Case:
     """One producer at one shape: inputs, the three ways to get its quantized operand, and its bytes."""
 
-    def __init__(self, producer: str, shape: dict, device: torch.device, hadamard: int, compiled: bool):
+    def __init__(
+        self, producer: str, shape: dict, device: torch.device, hadamard: int, compiled: bool, silu: str = "table"
+    ):
         self.producer, self.hadamard = producer, hadamard
+        self.label = f"swiglu (silu {silu})" if producer == "swiglu" else producer
+        self.silu = silu
         gen = torch.Generator().manual_seed(3)
         m = shape["tokens"]
         self.n = shape["hidden"] if producer == "swiglu" else shape["dim"]
@@ -97,7 +101,7 @@ class Case:
     def fused(self, args, write: bool, **options):
         options = {**self.options, **options}
         if self.producer == "swiglu":
-            return swiglu_quantize_fold(*args, write_product=write, **options)
+            return swiglu_quantize_fold(*args, write_product=write, silu=self.silu, **options)
         return rmsnorm_quantize_fold(*args, self.weight, EPS, write_output=write, **options)
 
     def reference(self, args, write: bool, **options):
@@ -128,7 +132,7 @@ def check_case(case: Case, device: torch.device, roundings: tuple, hard: bool, f
     for name, args in inputs.items():
         for rounding in roundings:
             for write in (True, False):
-                row = dict(producer=case.producer, n=case.n, input=name, rounding=rounding, hadamard=case.hadamard,
+                row = dict(producer=case.label, n=case.n, input=name, rounding=rounding, hadamard=case.hadamard,
                            write=write)  # fmt: skip
                 try:
                     got = case.fused(args, write, rounding=rounding, seed=SEED)
@@ -142,13 +146,17 @@ def check_case(case: Case, device: torch.device, roundings: tuple, hard: bool, f
     return results
 
 
-def silu_check(device: torch.device) -> dict:
+def silu_checks(device: torch.device) -> list[dict]:
     """silu's rounding for every bf16 gate (and a random up) through the fused kernel's written product."""
     gate = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).view(-1, 64)
     up = torch.randn(gate.shape, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
     gate, up = gate.to(device), up.to(device)
-    got = swiglu_quantize_fold(gate, up, write_product=True).output
-    return dict(check="silu over all bf16 gates", exact=same_bits(got, swiglu_product(gate, up)))
+    checks = []
+    for silu in ("table", "math"):
+        got = swiglu_quantize_fold(gate, up, write_product=True, silu=silu).output
+        checks.append(dict(check=f"silu {silu} over all bf16 gates", exact=same_bits(got, swiglu_product(gate, up))))
+        print(f"check {checks[-1]}", flush=True)
+    return checks
 
 
 def differences(case: Case) -> dict:
@@ -220,7 +228,7 @@ def time_case(case: Case, repeats: int, on_cuda: bool) -> dict:
             times[name] += graph_times(variants[name], repeats, on_cuda)
         for name, launches in alone.items():
             times[name] += graph_times(launches, repeats, on_cuda)
-    row = dict(producer=case.producer, n=case.n, hadamard=case.hadamard, calls_per_step=case.calls_per_step)
+    row = dict(producer=case.label, n=case.n, hadamard=case.hadamard, calls_per_step=case.calls_per_step)
     for name, ts in times.items():
         us = [t * 1e6 for t in ts]
         row[name] = dict(median_us=statistics.median(us), min_us=min(us), max_us=max(us))
@@ -256,13 +264,13 @@ def table(timings: list[dict]) -> str:
             f"{f['bytes_saving_ms_per_step']:.2f} / {w['bytes_saving_ms_per_step']:.2f} |"
         )
     per_preset = {}
-    for r in timings:
-        if r["hadamard"] == 32:
+    for r in timings:  # silu looked up (the default)
+        if r["hadamard"] == 32 and "math" not in r["producer"]:
             total = per_preset.setdefault(r["preset"], [0.0, 0.0])
             total[0] += r["fused"]["saving_ms_per_step"]
             total[1] += r["fused+bf16"]["saving_ms_per_step"]
     for preset, (fused, written) in per_preset.items():
-        lines.append(f"\n{preset}, H32, SwiGLU + RMSNorm: {fused:.2f} ms per step fused, {written:.2f} ms with the bf16 output")  # fmt: skip
+        lines.append(f"\n{preset}, H32, SwiGLU (silu table) + RMSNorm: {fused:.2f} ms per step fused, {written:.2f} ms with the bf16 output")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -295,15 +303,15 @@ def run(args) -> int:
         return False
 
     if not over_budget("silu over all bf16 gates"):
-        results["checks"].append(silu_check(device))
+        results["checks"] += silu_checks(device)
     # The forward's quantization (round to nearest, H32) first: checks, then timings, preset by preset; then
     # the other options' checks (stochastic rounding, no Hadamard) at the first preset's shapes.
     for label, shape in shapes.items():
-        for producer in ("swiglu", "rmsnorm"):
-            stage = f"{label} {producer} H32"
+        for producer, silu in (("swiglu", "table"), ("rmsnorm", "table"), ("swiglu", "math")):
+            stage = f"{label} {producer}{' silu math' * (silu == 'math')} H32"
             if over_budget(stage):
                 continue
-            case = Case(producer, shape, device, 32, compiled=not DRY)
+            case = Case(producer, shape, device, 32, compiled=not DRY, silu=silu)
             results["checks"] += check_case(case, device, ("nearest",), hard=True, full=True)
             results["differences"][stage] = differences(case)
             timing = time_case(case, repeats, device.type == "cuda")

@@ -86,17 +86,21 @@ def variants():
                 for write in (False, True):
                     out = "+bf16" if write else ""
                     if producer == "swiglu":
-                        types = {**FOLD_TYPES, "gate_ptr": "*i16", "up_ptr": "*i16", "product_ptr": "*i16"}
+                        types = {**FOLD_TYPES, "gate_ptr": "*i16", "up_ptr": "*i16", "product_ptr": "*i16",
+                                 "table_ptr": "*i16"}  # fmt: skip
                         constexprs = {**base, "WRITE_PRODUCT": write, **({} if write else {"product_ptr": None})}
-                        compiled = compile_for_sm90(_swiglu_quantize_fold_kernel, types, constexprs, options)
+                        for silu, table in (("table", {}), ("math", {"table_ptr": None})):
+                            compiled = compile_for_sm90(
+                                _swiglu_quantize_fold_kernel, types, {**constexprs, **table}, options
+                            )
+                            yield f"fused swiglu{out} silu {silu} {tag}", compiled, block_m * block_n
                     else:
                         types = {**FOLD_TYPES, "h_ptr": "*fp32", "weight_ptr": "*fp32", "x_ptr": "*i16", "eps": "fp32"}
                         constexprs = {**base, "H_BF16": False, "W_BF16": False, "WRITE_X": write,
                                       **({} if write else {"x_ptr": None})}  # fmt: skip
-                        compiled = compile_for_sm90(
-                            _rmsnorm_quantize_fold_kernel, types, constexprs, {**options, "enable_fp_fusion": False}
-                        )
-                    yield f"fused {producer}{out} {tag}", compiled, block_m * block_n
+                        options_nf = {**options, "enable_fp_fusion": False}
+                        compiled = compile_for_sm90(_rmsnorm_quantize_fold_kernel, types, constexprs, options_nf)
+                        yield f"fused rmsnorm{out} {tag}", compiled, block_m * block_n
     types = {"g_ptr": "*bf16", "u_ptr": "*bf16", "out_ptr": "*bf16", "n": "i32"}
     yield (
         "inductor-style silu(g) * u",
