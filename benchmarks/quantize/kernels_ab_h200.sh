@@ -92,8 +92,9 @@ say "tensor-core Hadamard done (exit $?)"
 LEFT=$(( TOTAL_LIMIT - ($(date +%s) - T0) ))
 if [ "$LEFT" -ge "$EPILOGUE_MIN" ]; then  # last, so it never crowds out the stages above
   say "epilogue prototype A/B (stopped after ${LEFT}s)"
+  BUDGET=$(( LEFT - 40 < 110 ? LEFT - 40 : 110 ))  # no stage starts later; its default is 110
   PYTHONPATH=$PWD/src timeout "$LEFT" python benchmarks/quantize/epilogue/epilogue_ab.py --out "$OUT" \
-    --budget $(( LEFT > 40 ? LEFT - 30 : 10 ))
+    --budget $(( BUDGET > 5 ? BUDGET : 5 ))
   say "epilogue done (exit $?)"
 else
   say "epilogue prototype A/B skipped: ${LEFT}s left of ${TOTAL_LIMIT}s (needs ${EPILOGUE_MIN}s)"

@@ -1,13 +1,13 @@
-"""SwiGLU's product ``F.silu(gate) * up`` computed and quantized straight into the folded FP8
-operand of the next GEMM (w2's X) in one pass, optionally also writing the bf16 product.
+"""SwiGLU's product ``F.silu(gate) * up`` computed and quantized straight into the folded FP8 operand of the next
+GEMM (w2's X) in one pass, optionally also writing the bf16 product.
 
-The product is eager PyTorch's, bit for bit: ``F.silu`` on bfloat16 computes ``g / (1 + exp(-g))``
-in float32 and rounds to bfloat16, then ``* up`` multiplies in float32 (exact: two 8-bit
-significands) and rounds to bfloat16. silu of a bf16 gate has only 65,536 possible inputs, so
-``silu="table"`` (the default) looks it up in eager's own results on the device (128 KB, exact by
-construction, a load per element); ``silu="math"`` computes it (CUDA's ``expf`` through libdevice, the
-same code as eager's, and an IEEE division: about 30 more instructions per element). Everything after that is ``quantize_fold_fp8``'s own device
-code (``slice_blocks`` and ``store_folded_rows``), so the operand is ``quantize_fold_fp8(product)``.
+The product is eager PyTorch's, bit for bit: ``F.silu`` on bfloat16 computes ``g / (1 + exp(-g))`` in float32
+and rounds to bfloat16, then ``* up`` multiplies in float32 (exact: two 8-bit significands) and rounds to
+bfloat16. silu of a bf16 gate has only 65,536 possible inputs, so ``silu="table"`` (the default) looks it up
+in eager's own results on the device (128 KB, exact by construction, a load per element); ``silu="math"``
+computes it (CUDA's ``expf`` through libdevice, the same code as eager's, and an IEEE division: about 30 more
+instructions per element). Everything after that is ``quantize_fold_fp8``'s own device code (``slice_blocks``
+and ``store_folded_rows``), so the operand is ``quantize_fold_fp8(product)``.
 """
 
 from __future__ import annotations
