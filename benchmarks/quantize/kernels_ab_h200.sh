@@ -14,8 +14,9 @@
 # Environment: OUT [/tmp/kernels_ab_out], BASELINE_SRC [.baseline/src], TESTS_LIMIT [180] s for the tests,
 # AB_LIMIT [45] s per quantize_kernels.py run, HADAMARD_LIMIT [200] s (at most 560 s in all); then the epilogue
 # A/B runs in what is left of TOTAL_LIMIT [560] s, if that is at least EPILOGUE_MIN [60] s (it needs about 150).
-# Output ($OUT): kernels_ab.log, gpu-tests.txt, kernels-{baseline,current}-{1,2}.txt, kernels_ab.md (the table:
-# microseconds per call, both runs, current / baseline), hadamard_tensor_cores.json, epilogue_ab.{json,md}.
+# Output ($OUT, 7 files: the device returns at most 8): kernels_ab.log, gpu-tests.txt, kernels_runs.txt (the four
+# quantize_kernels.py outputs, each under a header), kernels_ab.md (the table: microseconds per call, both runs,
+# current / baseline), hadamard_tensor_cores.json, epilogue_ab.{json,md}.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 DRY=${DRY:-0}
@@ -26,7 +27,8 @@ AB_LIMIT=${AB_LIMIT:-45}
 HADAMARD_LIMIT=${HADAMARD_LIMIT:-200}
 TOTAL_LIMIT=${TOTAL_LIMIT:-560}
 EPILOGUE_MIN=${EPILOGUE_MIN:-60}
-mkdir -p "$OUT"
+WORK=/tmp/kernels_ab_$$  # the per-run outputs; $OUT gets them joined in one file
+mkdir -p "$OUT" "$WORK"
 exec > >(tee -a "$OUT/kernels_ab.log") 2>&1
 T0=$(date +%s)
 say() { echo "== $(date -u +%T) (+$(( $(date +%s) - T0 ))s) $*"; }
@@ -57,14 +59,15 @@ for run in baseline:1 current:1 current:2 baseline:2; do  # A B B A
   src=$PWD/src
   [ "$tree" = baseline ] && src=$(cd "$BASELINE_SRC" && pwd)
   say "quantize_kernels.py on $tree ($src)"
-  PYTHONPATH=$src timeout "$AB_LIMIT" python benchmarks/quantize/quantize_kernels.py > "$OUT/kernels-$tree-$n.txt" 2>&1
-  cat "$OUT/kernels-$tree-$n.txt"
+  PYTHONPATH=$src timeout "$AB_LIMIT" python benchmarks/quantize/quantize_kernels.py > "$WORK/kernels-$tree-$n.txt" 2>&1
+  cat "$WORK/kernels-$tree-$n.txt"
+  { echo "## kernels-$tree-$n ($src)"; cat "$WORK/kernels-$tree-$n.txt"; echo; } >> "$OUT/kernels_runs.txt"
 done
-python - "$OUT" <<'PY'
+python - "$OUT" "$WORK" <<'PY'
 import pathlib, re, statistics, sys
-out = pathlib.Path(sys.argv[1])
+out, work = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
 def read(name):
-    p = out / name
+    p = work / name
     rows = {}
     for line in (p.read_text().splitlines() if p.exists() else []):
         m = re.match(r"(.+?)\s+([0-9.]+) us$", line)
