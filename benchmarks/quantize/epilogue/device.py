@@ -22,6 +22,12 @@ def slice_offsets(rows, blocks, M, N, stride_m, k: tl.constexpr):
 
 
 @triton.jit
+def bf16_value(bits):
+    """The float32 value of bf16 ``bits`` (int16): exact, a shift of the bits."""
+    return (bits.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def bf16_bits(v, NATIVE: tl.constexpr):
     """float32 ``v`` rounded to bfloat16 (to nearest, ties to even), as int16 bits: the hardware
     conversion on the GPU (a NaN becomes 0x7FFF, as in eager CUDA), the bit rounding of

@@ -22,7 +22,7 @@ from triton.language.extra import libdevice
 
 from adahop.kernels.quantize_fold import MAX_REGISTERS, quantize_fold_fp8
 
-from .device import bf16_bits, quantize_fold_slices, slice_offsets
+from .device import bf16_bits, bf16_value, quantize_fold_slices, slice_offsets
 from .launch import Epilogue, prepare, result
 
 
@@ -43,15 +43,13 @@ def silu_product(g_bits, u_bits, table_ptr, NATIVE: tl.constexpr):
     if table_ptr is not None:
         silu = tl.load(table_ptr + g_bits.to(tl.uint16, bitcast=True).to(tl.int32))
     else:
-        g = (g_bits.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+        g = bf16_value(g_bits)
         if NATIVE:
             e = libdevice.exp(-g)  # CUDA's expf (tl.exp is the approximate ex2 path)
         else:
             e = tl.exp(-g)  # numpy's, which rounds silu to the same bf16 as eager CPU (checked over all bf16)
         silu = bf16_bits(tl.div_rn(g, 1.0 + e), NATIVE)
-    u = (u_bits.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
-    silu = (silu.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
-    return bf16_bits(silu * u, NATIVE)
+    return bf16_bits(bf16_value(silu) * bf16_value(u_bits), NATIVE)
 
 
 @triton.jit
