@@ -120,7 +120,7 @@ def test_inputs_the_kernels_do_not_take_get_one_clear_error():
         rmsnorm_quantize_fold(bf[:, :48].clone(), torch.ones(48), 1e-5)
 
 
-@pytest.mark.slow  # about 30 s: both producers' checks and timings in the interpreter
+@pytest.mark.slow  # about 40 s: both producers' checks and timings, then SwiGLU's backward, in the interpreter
 def test_gpu_script_dry_run_is_bit_exact(tmp_path):
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
@@ -132,3 +132,4 @@ def test_gpu_script_dry_run_is_bit_exact(tmp_path):
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "bit-exact: True" in run.stdout
     assert (tmp_path / "epilogue_ab.json").exists() and "| producer |" in run.stdout
+    assert "| SwiGLU backward |" in (tmp_path / "epilogue_ab.md").read_text()  # the backward stage ran too

@@ -2,7 +2,8 @@
 # Issue 30's quantize-kernel levers on one H200 in one GPU call (<= 600 s): the GPU kernel tests (bit for bit at
 # full size), then `quantize_kernels.py` on a baseline tree and on this one, A B B A, then the tensor-core
 # Hadamard prototype's checks and timings (`hadamard_tensor_cores.py`), and last, only if the time left allows,
-# the epilogue prototype's A/B (`epilogue/epilogue_ab.py`: fused SwiGLU/RMSNorm quantize-fold kernels).
+# the epilogue prototype's A/B (`epilogue/epilogue_ab.py`: fused SwiGLU/RMSNorm quantize-fold kernels, then
+# SwiGLU's fused backward, whose stages start only within the script's --budget).
 #
 # The baseline is the code the 2026-12-05 step bench measured (8e927ec): the A/B then times every kernel lever
 # built on the CPU since (column-wise quantizer, split fold, 8-bit SR noise) at the step's shapes. Before the call,

@@ -27,7 +27,7 @@ import triton
 
 from ptx_fingerprint import compile_kernel, variants
 
-_INSTRUCTION = re.compile(r"^[0-9a-f-]{2}:\S+\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)")
+_INSTRUCTION = re.compile(r"^\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)")
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 
 
@@ -41,8 +41,15 @@ def resource_usage(compiled) -> dict[str, int]:
 
 
 def per_element(compiled, elements_per_program: int) -> tuple[float, Counter]:
+    """Static SASS instructions per element, and per opcode. From ``cuobjdump -sass`` of the cubin, not
+    ``compiled.asm["sass"]``: Triton's disassembly parser (``tools/disasm.py``, 3.6) matches 4-digit
+    addresses only, so it stops at the 4096th instruction of a longer kernel."""
     ops = Counter()
-    for line in compiled.asm["sass"].splitlines():
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+        cubin.write(compiled.asm["cubin"])
+        cubin.flush()
+        sass = subprocess.run([CUOBJDUMP, "-sass", cubin.name], capture_output=True, text=True, check=True).stdout
+    for line in sass.splitlines():
         if m := _INSTRUCTION.match(line):
             ops[m.group(1).split(".")[0]] += 1
     ops.pop("NOP", None)

@@ -20,6 +20,14 @@ RMSNorm twice: the attention and FFN norms, whose q/k/v and w1/w3 quantize calls
 ``torch.compile``, as ``gemm.operand.prepare_operand`` arranges). ``--out``: ``epilogue_ab.json`` (rewritten
 after every stage) and ``epilogue_ab.md``. A stage that would start past ``--budget`` (110 s) is skipped
 and listed.
+
+After the forward's stages, SwiGLU's backward (``swiglu_backward.py``; ``--only backward`` runs it alone), as w1's
+and w3's dgrad quantize dY (stochastic rounding, each its own key, H32): checks of both gradients and both
+operands against eager autograd and ``quantize_fold_fp8``, bit for bit (one program and one launch per operand,
+hard rows and full size; H0 and round to nearest at the first preset), how often Inductor's backward differs from
+eager's, then A B C C B A timings of the split (``torch.compile``d ``swiglu_grads`` and two ``quantize_fold_fp8``
+calls), the fused kernel and one fused launch per operand, all writing the bf16 gradients (wgrad reads them), plus
+Inductor's backward and one quantize call alone; its table is appended to ``epilogue_ab.md``.
 """
 
 from __future__ import annotations
@@ -46,6 +54,11 @@ from adahop.models.llama import RMSNorm, get_model_args  # noqa: E402
 from epilogue.inputs import hard_rows, same_bits, same_epilogue  # noqa: E402
 from epilogue.rmsnorm import rmsnorm_quantize_fold, rmsnorm_quantize_fold_reference, rmsnorm_reference  # noqa: E402
 from epilogue.swiglu import swiglu_product, swiglu_quantize_fold, swiglu_quantize_fold_reference  # noqa: E402
+from epilogue.swiglu_backward import (  # noqa: E402
+    swiglu_backward_quantize_fold,
+    swiglu_backward_quantize_fold_reference,
+    swiglu_grads,
+)
 
 PRESETS = {"llama3_1b 8x2048": ("llama3_1b", 8 * 2048), "llama3_3b 4x2048": ("llama3_3b", 4 * 2048)}
 DRY_SHAPES = {"dry": dict(tokens=16, dim=96, hidden=64, layers=2)}  # one interpreter program of rows
@@ -54,6 +67,7 @@ COPY_TB_PER_S = 4.22  # the H200's measured copy bandwidth (benchmarks/quantize/
 L2_BYTES = 60 << 20  # H200: a graph cycles through at least twice this much input
 CALLS = 12  # calls per graph replay
 SEED = 1234
+SEEDS = dict(seed_gate=SEED, seed_up=SEED + 1)  # w1's and w3's dgrad keys differ
 
 
 @functools.cache
@@ -185,12 +199,14 @@ def differences(case: Case) -> dict:
         others = {"split producer": case.producer_fn(*args)}
         if case.producer == "rmsnorm":
             others["eager"] = case.norm(*args).to(torch.bfloat16)
-    out = {}
-    for name, other in others.items():
-        ulps = (other.view(torch.int16).int() - ours.view(torch.int16).int()).abs()
-        finite = other.isfinite() & ours.isfinite()
-        out[name] = dict(differ=float((ulps[finite] > 0).float().mean()), max_ulps=int(ulps[finite].max()))
-    return out
+    return {name: ulp_differences(ours, other) for name, other in others.items()}
+
+
+def ulp_differences(a: torch.Tensor, b: torch.Tensor) -> dict:
+    """The fraction of finite bf16 elements that differ, and the largest difference in ulps."""
+    ulps = (a.view(torch.int16).int() - b.view(torch.int16).int()).abs()
+    finite = a.isfinite() & b.isfinite()
+    return dict(differ=float((ulps[finite] > 0).float().mean()), max_ulps=int(ulps[finite].max()))
 
 
 def graph_times(launches: list, repeats: int, on_cuda: bool) -> list[float]:
@@ -239,20 +255,26 @@ def time_case(case: Case, repeats: int, on_cuda: bool) -> dict:
         "producer alone": [lambda a=a: case.producer_fn(*a) for a in pick],
         "quantize alone": [lambda p=produced[i % len(produced)]: quantize_fold_fp8(p, **case.options) for i in range(calls)],
     }  # fmt: skip
+    row = dict(producer=case.label, n=case.n, hadamard=case.hadamard, calls_per_step=case.calls_per_step)
+    return time_variants(case, row, variants, alone, repeats, on_cuda)
+
+
+def time_variants(case, row: dict, variants: dict, alone: dict, repeats: int, on_cuda: bool) -> dict:
+    """``row`` with the microseconds per call of every variant (the first is the split), run in the order
+    A B C C B A, then of each launch list in ``alone``; each variant's bytes and its saving against the split."""
     times = {name: [] for name in (*variants, *alone)}
     with torch.no_grad():
-        for name in ("split", "fused", "fused+bf16", "fused+bf16", "fused", "split"):  # A B B A
+        for name in (*variants, *reversed(variants)):
             times[name] += graph_times(variants[name], repeats, on_cuda)
         for name, launches in alone.items():
             times[name] += graph_times(launches, repeats, on_cuda)
-    row = dict(producer=case.label, n=case.n, hadamard=case.hadamard, calls_per_step=case.calls_per_step)
     for name, ts in times.items():
         us = [t * 1e6 for t in ts]
         row[name] = dict(median_us=statistics.median(us), min_us=min(us), max_us=max(us))
     for name in variants:
         row[name]["bytes"] = case.bytes_moved(name)
         row[name]["tb_per_s"] = case.bytes_moved(name) / (row[name]["median_us"] * 1e-6) / 1e12
-    for name in ("fused", "fused+bf16"):
+    for name in list(variants)[1:]:
         saving = row["split"]["median_us"] - row[name]["median_us"]
         row[name]["saving_us"] = saving
         row[name]["saving_ms_per_step"] = saving * case.calls_per_step / 1e3
@@ -262,10 +284,12 @@ def time_case(case: Case, repeats: int, on_cuda: bool) -> dict:
     return row
 
 
-def table(timings: list[dict]) -> str:
-    def us(v):
-        return f"{v['median_us']:.1f} [{v['min_us']:.1f}, {v['max_us']:.1f}]"
+def us(v: dict) -> str:
+    """Median [min, max] microseconds."""
+    return f"{v['median_us']:.1f} [{v['min_us']:.1f}, {v['max_us']:.1f}]"
 
+
+def table(timings: list[dict]) -> str:
     lines = [
         "| producer | preset | shape | H | split us | producer alone | quantize alone | fused us | fused+bf16 us "
         "| saving per call us (fused / +bf16) | calls per step | saving per step ms (fused / +bf16) | bytes saved at copy bandwidth, ms per step (fused / +bf16) |",  # fmt: skip
@@ -291,34 +315,8 @@ def table(timings: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def run(args) -> int:
-    start = time.perf_counter()
-    device = torch.device("cpu" if DRY else "cuda")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print("no CUDA device: run with --dry-run (or DRY=1) on the CPU (Triton's interpreter)", file=sys.stderr)
-        return 2
-    import triton
-
-    info = dict(torch=torch.__version__, triton=triton.__version__, commit=os.environ.get("ADAHOP_COMMIT", ""),
-                device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu (interpreter)")  # fmt: skip
-    print(info, flush=True)
-    out = Path(args.out) if args.out else None
-    results = dict(info=info, checks=[], differences={}, timings=[], skipped=[])
-    shapes = DRY_SHAPES if DRY else preset_shapes()
-    repeats = 2 if DRY else args.repeats
-
-    def save():
-        if out is not None:
-            out.mkdir(parents=True, exist_ok=True)
-            write_atomic(out / "epilogue_ab.json", json.dumps(results, indent=1, default=str))
-
-    def over_budget(stage: str) -> bool:
-        if time.perf_counter() - start > args.budget:
-            results["skipped"].append(stage)
-            print(f"skipped (past {args.budget} s): {stage}", flush=True)
-            return True
-        return False
-
+def forward_stages(shapes: dict, device: torch.device, repeats: int, over_budget, results: dict, save) -> None:
+    """silu's rounding, then per preset the fused SwiGLU and RMSNorm kernels checked, compared and timed."""
     if not over_budget("silu over all bf16 gates"):
         results["checks"] += silu_checks(device, next(iter(shapes.values()))["hidden"])
     # The forward's quantization (round to nearest, H32) first: checks, then timings; then the other options'
@@ -348,11 +346,188 @@ def run(args) -> int:
             results["checks"] += check_case(case, device, roundings, hard=True, full=not DRY)
             save()
             del case
+
+
+@functools.cache
+def compiled_swiglu_grads():
+    """SwiGLU's backward as Inductor compiles it (``swiglu_grads``: autograd's formula), one for every case."""
+    return torch.compile(swiglu_grads, dynamic=False)
+
+
+class BackwardCase:
+    """SwiGLU's backward at one shape, as w1's and w3's dgrad quantize dY: the split (Inductor's backward, then
+    ``quantize_fold_fp8`` of dg and of du, each with its own key) against the fused kernel (both operands from one
+    program, or one launch per operand), the bf16 gradients written either way (wgrad reads them)."""
+
+    def __init__(self, shape: dict, device: torch.device, hadamard: int, rounding: str, compile_backward: bool):
+        gen = torch.Generator().manual_seed(5)
+        m, self.n = shape["tokens"], shape["hidden"]
+        self.hadamard, self.rounding = hadamard, rounding
+        self.elements, self.calls_per_step = m * self.n, shape["layers"]
+        self.options = dict(scale_rule="floor", rounding=rounding, hadamard_block_size=hadamard)
+        make = lambda: (torch.randn(m, self.n, generator=gen) * 2).to(device, torch.bfloat16)  # noqa: E731
+        copies = max(1, -(-2 * L2_BYTES // (6 * self.elements))) if device.type == "cuda" else 1
+        self.inputs = [(make() * 1e-3, make(), make()) for _ in range(copies)]  # d (a gradient's scale), g, u
+        self.grads_fn = compiled_swiglu_grads() if compile_backward else swiglu_grads
+
+    def split(self, args):
+        with torch.no_grad():
+            dg, du = self.grads_fn(*args)
+            seeds = SEEDS["seed_gate"], SEEDS["seed_up"]
+            return [quantize_fold_fp8(dx, seed=seed, **self.options) for dx, seed in zip((dg, du), seeds)]
+
+    def fused(self, args, outputs=("gate", "up")):
+        return swiglu_backward_quantize_fold(*args, outputs=outputs, **SEEDS, **self.options)
+
+    def per_operand(self, args):
+        return [self.fused(args, outputs=(name,)) for name in ("gate", "up")]
+
+    def bytes_moved(self, variant: str) -> int:
+        """Bytes read and written per call: the split reads d, g, u (6 bytes an element), writes dg and du (4), and
+        each quantizer reads one back (2) and writes its operand (1); the fused kernel reads d and g again from L2,
+        not DRAM; one launch per operand reads d and g twice from DRAM."""
+        per_element = {"split": 6 + 4 + 2 * (2 + 1), "fused": 6 + 4 + 2, "per operand": (6 + 2 + 1) + (4 + 2 + 1)}
+        return per_element[variant] * self.elements
+
+
+def check_backward(case: BackwardCase, device: torch.device, hard: bool, full: bool) -> list[dict]:
+    """Bit-exactness of both operands and both gradients against eager autograd's gradients and
+    ``quantize_fold_fp8``, from one program and from one launch per operand."""
+    inputs = {}
+    if hard:
+        m = 16 if DRY else 64
+        inputs["hard rows"] = tuple(hard_rows(m, case.n, seed=s).to(device) for s in (21, 22, 23))
+    if full:
+        inputs["full size"] = case.inputs[0]
+    results = []
+    for name, args in inputs.items():
+        for outputs in (("gate", "up"), ("gate",), ("up",)):
+            row = dict(producer="swiglu backward", n=case.n, input=name, rounding=case.rounding,
+                       hadamard=case.hadamard, outputs="+".join(outputs))  # fmt: skip
+            try:
+                got = case.fused(args, outputs=outputs)
+                want = swiglu_backward_quantize_fold_reference(*args, outputs=outputs, **SEEDS, **case.options)
+                fields = {f"{k} {f}": ok for k in want for f, ok in same_epilogue(got[k], want[k]).items()}
+                row.update(exact=all(fields.values()), fields=fields)
+            except Exception as error:  # recorded; the other checks and the timings still run
+                row.update(exact=False, error=repr(error)[:500])
+            print(f"check {row}", flush=True)
+            results.append(row)
+    return results
+
+
+def backward_differences(case: BackwardCase) -> dict:
+    """How often the split's backward (Inductor on the GPU) differs from eager autograd's gradients (the fused
+    kernel's), on the first full-size input: bf16 elements that differ, and the largest difference in ulps."""
+    with torch.no_grad():
+        ours, theirs = swiglu_grads(*case.inputs[0]), case.grads_fn(*case.inputs[0])
+    return {name: ulp_differences(a, b) for name, a, b in zip(("dg", "du"), ours, theirs)}
+
+
+def time_backward(case: BackwardCase, repeats: int, on_cuda: bool) -> dict:
+    """Microseconds per call: split, fused, one launch per operand, and the split's parts alone."""
+    calls = CALLS if on_cuda else 1
+    pick = [case.inputs[i % len(case.inputs)] for i in range(calls)]
+    variants = {
+        "split": [lambda a=a: case.split(a) for a in pick],
+        "fused": [lambda a=a: case.fused(a) for a in pick],
+        "per operand": [lambda a=a: case.per_operand(a) for a in pick],
+    }
+    with torch.no_grad():
+        grads = [case.grads_fn(*a)[0] for a in case.inputs]
+    alone = {
+        "backward alone": [lambda a=a: case.grads_fn(*a) for a in pick],
+        "quantize alone": [lambda x=grads[i % len(grads)]: quantize_fold_fp8(x, seed=SEED, **case.options)
+                           for i in range(calls)],
+    }  # fmt: skip
+    row = dict(producer="swiglu backward", n=case.n, hadamard=case.hadamard, rounding=case.rounding,
+               calls_per_step=case.calls_per_step)  # fmt: skip
+    return time_variants(case, row, variants, alone, repeats, on_cuda)
+
+
+def backward_table(timings: list[dict]) -> str:
+    lines = [
+        "| SwiGLU backward | preset | shape | H, rounding | split us | Inductor backward alone | one quantize alone "
+        "| fused us | per operand us | saving per call us (fused / per operand) | calls per step "
+        "| saving per step ms (fused / per operand) | bytes saved at copy bandwidth, ms per step (fused) |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in timings:
+        f, p = r["fused"], r["per operand"]
+        lines.append(
+            f"| dg, du + both dgrad operands | {r['preset']} | {r['shape']} | {r['hadamard']}, {r['rounding']} | "
+            f"{us(r['split'])} | {us(r['backward alone'])} | {us(r['quantize alone'])} | {us(f)} | {us(p)} | "
+            f"{f['saving_us']:.1f} / {p['saving_us']:.1f} | {r['calls_per_step']} | "
+            f"{f['saving_ms_per_step']:.2f} / {p['saving_ms_per_step']:.2f} | {f['bytes_saving_ms_per_step']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def backward_stages(shapes: dict, device: torch.device, repeats: int, over_budget, results: dict, save) -> None:
+    """After the forward's: per preset, the dgrad's quantization (stochastic rounding, H32: IHT and OE layers)
+    checked, compared with Inductor and timed; then round to nearest and H0 checked at the first preset."""
+    for label, shape in shapes.items():
+        stage = f"{label} swiglu backward H32 stochastic"
+        if over_budget(stage):
+            continue
+        case = BackwardCase(shape, device, 32, "stochastic", compile_backward=not DRY)
+        results["checks"] += check_backward(case, device, hard=True, full=True)
+        results["differences"][stage] = backward_differences(case)
+        timing = time_backward(case, repeats, device.type == "cuda")
+        timing.update(preset=label, shape=f"{shape['tokens']}x{case.n}")
+        results["backward"].append(timing)
+        save()
+        del case
+    first_label, first = next(iter(shapes.items()))
+    for hadamard, rounding in ((0, "stochastic"), (32, "nearest")):
+        stage = f"{first_label} swiglu backward H{hadamard} {rounding} checks"
+        if over_budget(stage):
+            continue
+        case = BackwardCase(first, device, hadamard, rounding, compile_backward=False)
+        results["checks"] += check_backward(case, device, hard=True, full=not DRY)
+        save()
+        del case
+
+
+def run(args) -> int:
+    start = time.perf_counter()
+    device = torch.device("cpu" if DRY else "cuda")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("no CUDA device: run with --dry-run (or DRY=1) on the CPU (Triton's interpreter)", file=sys.stderr)
+        return 2
+    import triton
+
+    info = dict(torch=torch.__version__, triton=triton.__version__, commit=os.environ.get("ADAHOP_COMMIT", ""),
+                device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu (interpreter)")  # fmt: skip
+    print(info, flush=True)
+    out = Path(args.out) if args.out else None
+    results = dict(info=info, checks=[], differences={}, timings=[], backward=[], skipped=[])
+    shapes = DRY_SHAPES if DRY else preset_shapes()
+    repeats = 2 if DRY else args.repeats
+
+    def save():
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            write_atomic(out / "epilogue_ab.json", json.dumps(results, indent=1, default=str))
+
+    def over_budget(stage: str) -> bool:
+        if time.perf_counter() - start > args.budget:
+            results["skipped"].append(stage)
+            print(f"skipped (past {args.budget} s): {stage}", flush=True)
+            return True
+        return False
+
+    if args.only in (None, "forward"):
+        forward_stages(shapes, device, repeats, over_budget, results, save)
+    if args.only in (None, "backward"):  # after the forward's, so it never crowds them out
+        backward_stages(shapes, device, repeats, over_budget, results, save)
     exact = all(c["exact"] for c in results["checks"])
     results["bit_exact"] = exact
     summary = table(results["timings"])
+    if results["backward"]:
+        summary += "\n\n" + backward_table(results["backward"])
     print(f"\nbit-exact: {exact} ({sum(c['exact'] for c in results['checks'])}/{len(results['checks'])} checks)")
-    print(f"differences from the fused kernels' product (fraction of elements, max ulps): {results['differences']}")
+    print(f"differences from the fused kernels' values (fraction of elements, max ulps): {results['differences']}")
     print("\n" + summary)
     print(f"\n{time.perf_counter() - start:.0f} s; skipped: {results['skipped'] or 'nothing'}")
     save()
@@ -367,6 +542,7 @@ def main() -> int:
     parser.add_argument("--out", help="folder for epilogue_ab.json and epilogue_ab.md (the device's $OUT)")
     parser.add_argument("--repeats", type=int, default=10, help="timed graph replays per run (two runs per variant)")
     parser.add_argument("--budget", type=float, default=110, help="no stage starts after this many seconds")
+    parser.add_argument("--only", choices=("forward", "backward"), help="run one half's stages (default: both)")
     return run(parser.parse_args())
 
 
