@@ -25,8 +25,9 @@ After the forward's stages, SwiGLU's backward (``swiglu_backward.py``; ``--only 
 and w3's dgrad quantize dY (stochastic rounding, each its own key, H32): checks of both gradients and both
 operands against eager autograd and ``quantize_fold_fp8``, bit for bit (one program and one launch per operand,
 hard rows and full size; H0 and round to nearest at the first preset), how often Inductor's backward differs from
-eager's, then A B C C B A timings of the split (``torch.compile``d ``swiglu_grads`` and two ``quantize_fold_fp8``
-calls), the fused kernel and one fused launch per operand, all writing the bf16 gradients (wgrad reads them), plus
+eager's, then A B C D D C B A timings of the split (``torch.compile``d ``swiglu_grads`` and two
+``quantize_fold_fp8`` calls), the fused kernel (at 80 registers, where it spills, and at 128) and one fused launch
+per operand, all writing the bf16 gradients (wgrad reads them), plus
 Inductor's backward and one quantize call alone; its table is appended to ``epilogue_ab.md``.
 """
 
@@ -49,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/quant
 import torch  # noqa: E402
 
 from adahop.atomic import write_atomic  # noqa: E402
-from adahop.kernels.quantize_fold import quantize_fold_fp8  # noqa: E402
+from adahop.kernels.quantize_fold import MAX_REGISTERS, quantize_fold_fp8  # noqa: E402
 from adahop.models.llama import RMSNorm, get_model_args  # noqa: E402
 from epilogue.inputs import hard_rows, same_bits, same_epilogue  # noqa: E402
 from epilogue.rmsnorm import rmsnorm_quantize_fold, rmsnorm_quantize_fold_reference, rmsnorm_reference  # noqa: E402
@@ -261,7 +262,7 @@ def time_case(case: Case, repeats: int, on_cuda: bool) -> dict:
 
 def time_variants(case, row: dict, variants: dict, alone: dict, repeats: int, on_cuda: bool) -> dict:
     """``row`` with the microseconds per call of every variant (the first is the split), run in the order
-    A B C C B A, then of each launch list in ``alone``; each variant's bytes and its saving against the split."""
+    A B .. B A, then of each launch list in ``alone``; each variant's bytes and its saving against the split."""
     times = {name: [] for name in (*variants, *alone)}
     with torch.no_grad():
         for name in (*variants, *reversed(variants)):
@@ -376,8 +377,10 @@ class BackwardCase:
             seeds = SEEDS["seed_gate"], SEEDS["seed_up"]
             return [quantize_fold_fp8(dx, seed=seed, **self.options) for dx, seed in zip((dg, du), seeds)]
 
-    def fused(self, args, outputs=("gate", "up")):
-        return swiglu_backward_quantize_fold(*args, outputs=outputs, **SEEDS, **self.options)
+    def fused(self, args, outputs=("gate", "up"), max_registers=MAX_REGISTERS):
+        return swiglu_backward_quantize_fold(
+            *args, outputs=outputs, max_registers=max_registers, **SEEDS, **self.options
+        )
 
     def per_operand(self, args):
         return [self.fused(args, outputs=(name,)) for name in ("gate", "up")]
@@ -386,7 +389,9 @@ class BackwardCase:
         """Bytes read and written per call: the split reads d, g, u (6 bytes an element), writes dg and du (4), and
         each quantizer reads one back (2) and writes its operand (1); the fused kernel reads d and g again from L2,
         not DRAM; one launch per operand reads d and g twice from DRAM."""
-        per_element = {"split": 6 + 4 + 2 * (2 + 1), "fused": 6 + 4 + 2, "per operand": (6 + 2 + 1) + (4 + 2 + 1)}
+        fused = 6 + 4 + 2
+        per_element = {"split": 6 + 4 + 2 * (2 + 1), "fused": fused, "fused r128": fused,
+                       "per operand": (6 + 2 + 1) + (4 + 2 + 1)}  # fmt: skip
         return per_element[variant] * self.elements
 
 
@@ -431,6 +436,7 @@ def time_backward(case: BackwardCase, repeats: int, on_cuda: bool) -> dict:
     variants = {
         "split": [lambda a=a: case.split(a) for a in pick],
         "fused": [lambda a=a: case.fused(a) for a in pick],
+        "fused r128": [lambda a=a: case.fused(a, max_registers=128) for a in pick],  # no spills on sm_90
         "per operand": [lambda a=a: case.per_operand(a) for a in pick],
     }
     with torch.no_grad():
@@ -448,17 +454,19 @@ def time_backward(case: BackwardCase, repeats: int, on_cuda: bool) -> dict:
 def backward_table(timings: list[dict]) -> str:
     lines = [
         "| SwiGLU backward | preset | shape | H, rounding | split us | Inductor backward alone | one quantize alone "
-        "| fused us | per operand us | saving per call us (fused / per operand) | calls per step "
-        "| saving per step ms (fused / per operand) | bytes saved at copy bandwidth, ms per step (fused) |",
+        "| fused us (80 / 128 registers) | per operand us | saving per call us (fused 80 / 128 / per operand) "
+        "| calls per step | saving per step ms (fused 80 / 128 / per operand) "
+        "| bytes saved at copy bandwidth, ms per step (fused) |",
         "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in timings:
-        f, p = r["fused"], r["per operand"]
+        f, f128, p = r["fused"], r["fused r128"], r["per operand"]
         lines.append(
             f"| dg, du + both dgrad operands | {r['preset']} | {r['shape']} | {r['hadamard']}, {r['rounding']} | "
-            f"{us(r['split'])} | {us(r['backward alone'])} | {us(r['quantize alone'])} | {us(f)} | {us(p)} | "
-            f"{f['saving_us']:.1f} / {p['saving_us']:.1f} | {r['calls_per_step']} | "
-            f"{f['saving_ms_per_step']:.2f} / {p['saving_ms_per_step']:.2f} | {f['bytes_saving_ms_per_step']:.2f} |"
+            f"{us(r['split'])} | {us(r['backward alone'])} | {us(r['quantize alone'])} | {us(f)} / {us(f128)} | "
+            f"{us(p)} | {f['saving_us']:.1f} / {f128['saving_us']:.1f} / {p['saving_us']:.1f} | "
+            f"{r['calls_per_step']} | {f['saving_ms_per_step']:.2f} / {f128['saving_ms_per_step']:.2f} / "
+            f"{p['saving_ms_per_step']:.2f} | {f['bytes_saving_ms_per_step']:.2f} |"
         )
     return "\n".join(lines)
 

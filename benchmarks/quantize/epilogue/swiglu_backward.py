@@ -115,11 +115,13 @@ def swiglu_backward_quantize_fold(
     write_grads: bool = True,
     silu: str = "table",
     outputs: tuple[str, ...] = OUTPUTS,
+    max_registers: int = MAX_REGISTERS,
 ) -> dict[str, Epilogue]:
     """For bf16 [M, N] ``grad`` (dL/d(silu(gate) * up)), ``gate`` and ``up``: ``{"gate": .., "up": ..}``, each
     ``Epilogue(quantize_fold_fp8(dX, seed=seed_X, ...), scores, dX if write_grads)`` with dX eager autograd's
     gradient of gate or up; the other options as ``quantize_fold_fp8``'s, shared by both operands.
-    ``outputs``: the operands to make (one, for one launch per operand); ``silu``: as ``swiglu_quantize_fold``'s."""
+    ``outputs``: the operands to make (one, for one launch per operand); ``silu``: as ``swiglu_quantize_fold``'s;
+    ``max_registers``: ptxas' cap (at ``quantize_fold_fp8``'s 80, both operands from one program spill on sm_90)."""
     if silu not in SILU_METHODS:
         raise ValueError(f"silu must be one of {SILU_METHODS}, got {silu!r}")
     if not outputs or set(outputs) - set(OUTPUTS):
@@ -159,7 +161,7 @@ def swiglu_backward_quantize_fold(
         UP="up" in launches,
         WRITE_GRADS=write_grads,
         num_warps=first.warps,
-        maxnreg=MAX_REGISTERS,
+        maxnreg=max_registers,
     )  # fmt: skip
     return {name: result(launch) for name, launch in launches.items()}
 
