@@ -49,7 +49,8 @@ def silu_product(g_bits, u_bits, table_ptr, NATIVE: tl.constexpr):
         else:
             e = tl.exp(-g)  # numpy's, which rounds silu to the same bf16 as eager CPU (checked over all bf16)
         silu = bf16_bits(tl.div_rn(g, 1.0 + e), NATIVE)
-    return bf16_bits(bf16_value(silu) * bf16_value(u_bits), NATIVE)
+    u = bf16_value(u_bits)
+    return bf16_bits(bf16_value(silu) * u, NATIVE)
 
 
 @triton.jit
