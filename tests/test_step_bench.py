@@ -160,10 +160,14 @@ def test_step_bench_dry_run_falls_back_times_every_step_and_accumulates(corpus):
     """The whole step bench on the CPU: ``fastest`` records the graph mode's failure (no graph on
     the CPU) and runs the next mode; every timed step is timed; accumulation multiplies the tokens."""
     settings = replace(DRY_RUN, data=str(corpus))
-    cases = (Case("tiny", 2, (("bf16", "fastest"), ("adahop_lv2", "eager")), accum=2, seq_len=32),)
-    result = run(cases, settings=settings)
+    runs = (("bf16", "fastest"), ("adahop_lv2", "eager"), ("adahop_lv2", "eager-w-each"))
+    result = run((Case("tiny", 2, runs, accum=2, seq_len=32),), settings=settings)
     runs = result["cases"]["tiny_2x32_accum2"]["runs"]
-    assert list(runs) == ["bf16/graph", "bf16/eager", "adahop_lv2/eager"]
+    assert list(runs) == ["bf16/graph", "bf16/eager", "adahop_lv2/eager", "adahop_lv2/eager-w-each"]
+    # the A/B run runs the plan the recipe's first run calibrated, and calibrates nothing itself
+    first, again = runs["adahop_lv2/eager"], runs["adahop_lv2/eager-w-each"]
+    assert first["calibration_steps"] > 0 and not first["plan_reused"] and "plan" not in first
+    assert again["calibration_steps"] == 0 and again["plan_reused"] and again["layers"] == first["layers"]
     assert "no CUDA graph was captured" in runs["bf16/graph"]["error"]
     lv2 = runs["adahop_lv2/eager"]
     assert len(lv2["step_ms_each"]) == settings.timed_steps

@@ -272,19 +272,26 @@ def _memory_gib(device: torch.device) -> tuple[float | None, float | None]:
     return torch.cuda.max_memory_allocated() / 2**30, torch.cuda.max_memory_reserved() / 2**30
 
 
-def measure(recipe: str, case: Case, mode: str, settings: Settings = Settings()) -> dict:
+def measure(recipe: str, case: Case, mode: str, settings: Settings = Settings(), plan: str | None = None) -> dict:
     """Tokens/s of ``recipe`` in ``mode`` on ``case`` (timed after calibration and warm-up steps,
     which also absorb compilation and graph capture), every timed step's time, peak memory and a
-    profiled step. A mode that did not take effect (no graph captured) is an error, not a result."""
+    profiled step. A mode that did not take effect (no graph captured) is an error, not a result.
+    ``plan``: a frozen plan's JSON (``ModelPlan.to_json``) to run instead of calibrating one."""
+    from ..nn import load_plan, model_plan
+    from ..policy.calibration import ModelPlan
+
     device = torch.device(settings.device)
     cuda = device.type == "cuda"
     with tempfile.TemporaryDirectory() as out:
         trainer = _trainer(recipe, case, mode, settings, out)
-        max_calibration = 2 * CALIBRATION_STEPS
+        if plan is not None:
+            load_plan(trainer.model, ModelPlan.from_json(plan))
+        max_calibration, calibration_steps = 2 * CALIBRATION_STEPS, 0
         for _ in range(max_calibration):
             if trainer.phase != "calibrating":
                 break
             trainer.train_step()
+            calibration_steps += 1
         if trainer.phase == "calibrating":
             raise RuntimeError(f"{recipe}: calibration did not finish in {max_calibration} steps")
         for _ in range(settings.warmup_steps):
@@ -323,6 +330,9 @@ def measure(recipe: str, case: Case, mode: str, settings: Settings = Settings())
             "cuda_graph_captured": trainer.graph_captured,
             "plan_mix": plan_mix(trainer.model),
             "layers": plan_layers(trainer.model),
+            "calibration_steps": calibration_steps,
+            "plan_reused": plan is not None,
+            "plan": model_plan(trainer.model).to_json() if trainer.phase == "frozen" else None,
             "tokens_per_micro_step": case.batch * case.seq_len,
             "accum": case.accum,
             "merged": "compile" in mode,  # compiled blocks merge equal quantize calls
@@ -367,24 +377,28 @@ def _failure(err: BaseException) -> dict:
     return {"error": f"{type(err).__name__}: {str(err)[:300]}"}
 
 
-def _run_one(recipe: str, case: Case, mode: str, settings: Settings) -> dict:
+def _run_one(recipe: str, case: Case, mode: str, settings: Settings, plan: str | None = None) -> dict:
     """``measure`` in a fresh process; a failure is returned as ``{"error": ...}``."""
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(1, mp_context=context) as pool:
         try:
-            return pool.submit(measure, recipe, case, mode, settings).result()
+            return pool.submit(measure, recipe, case, mode, settings, plan).result()
         except Exception as err:  # one failing run must not lose the others
             return _failure(err)
 
 
 def run_case(case: Case, on_run: Callable[[dict], None] = lambda runs: None, settings: Settings = Settings()) -> dict:
     """Every run of ``case`` in a fresh process (``fastest``: each of ``settings.fastest_modes``
-    until one runs; the ones that failed stay in the table), with its ratios to the references."""
+    until one runs; the ones that failed stay in the table), with its ratios to the references.
+    A recipe's later runs (its A/B modes) run the plan its first run calibrated: a calibration
+    near a threshold can freeze other strategies in another process, and the A/B would then
+    compare two plans."""
     from importlib.util import find_spec
 
     from ..recipes import get_recipe
 
     runs: dict[str, dict] = {}
+    plans: dict[str, str] = {}  # recipe -> the plan its first successful run froze
     for recipe, requested in case.runs:
         base = base_mode(requested)
         for mode in [m + requested[len(base) :] for m in settings.fastest_modes] if base == FASTEST else (requested,):
@@ -392,7 +406,9 @@ def run_case(case: Case, on_run: Callable[[dict], None] = lambda runs: None, set
             if get_recipe(PEERS.get(recipe, recipe)).torchao_float8 and find_spec("torchao") is None:
                 runs[name] = {"error": "torchao is not installed"}
             else:
-                runs[name] = _run_one(recipe, case, mode, settings)
+                runs[name] = _run_one(recipe, case, mode, settings, plans.get(recipe))
+            if (plan := runs[name].pop("plan", None)) is not None:
+                plans.setdefault(recipe, plan)
             runs[name] |= {"recipe": recipe, "mode": mode}
             on_run(runs)
             print(f"  {case.key} {name}: {_one_line(runs[name])}", flush=True)
