@@ -25,7 +25,6 @@ import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 if "--dry-run" in sys.argv:  # before triton is imported
@@ -33,6 +32,7 @@ if "--dry-run" in sys.argv:  # before triton is imported
 
 import torch  # noqa: E402
 
+from adahop.bench.common import graph_seconds_per_launch  # noqa: E402
 from adahop.formats.mx import MXTensor, quantize_mx  # noqa: E402
 from adahop.kernels.quantize import quantize_launch  # noqa: E402
 from adahop.transforms.hadamard import hadamard_transform, random_signs  # noqa: E402
@@ -120,37 +120,6 @@ def check(shapes: dict, device: torch.device, dtypes: tuple, tilings: int) -> li
     return results
 
 
-def graph_timer(launches: list, repeats: int, on_cuda: bool) -> list[float]:
-    """Seconds per launch of each repeat: a CUDA graph of all ``launches`` (each a prepared kernel call
-    on its own input copy) replayed under CUDA events; wall clock in the interpreter."""
-    if not on_cuda:
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            for launch in launches:
-                launch()
-            times.append((time.perf_counter() - start) / len(launches))
-        return times
-    for launch in launches:  # compile outside the capture
-        launch()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for launch in launches:
-            launch()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3 / len(launches))
-    return times
-
-
 def today_call(x: torch.Tensor, axis: int, rounding: str, signs: torch.Tensor, seed: torch.Tensor):
     launch = quantize_launch(x, "mxfp4", rowwise=axis == 1, colwise=axis == 0, block_size=32, scale_rule="floor",
                              rounding=rounding, seed=seed, hadamard_block_size=32, signs=signs, scores=False,
@@ -180,7 +149,7 @@ def time_all(shapes: dict, device: torch.device, repeats: int, tilings: int) -> 
                     variants[label] = [grid_call(x, axis, rounding, signs, seed, **tiles) for x in xs]
                 for label, launches in variants.items():
                     try:
-                        times = graph_timer(launches, repeats, on_cuda)
+                        times = graph_seconds_per_launch(launches, repeats, on_cuda)
                     except Exception as error:
                         print(f"{name} axis {axis} {rounding} {label}: {error!r}", flush=True)
                         results.append(

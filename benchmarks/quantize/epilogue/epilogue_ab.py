@@ -50,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/quant
 import torch  # noqa: E402
 
 from adahop.atomic import write_atomic  # noqa: E402
+from adahop.bench.common import graph_seconds_per_launch  # noqa: E402
 from adahop.kernels.quantize_fold import MAX_REGISTERS, quantize_fold_fp8  # noqa: E402
 from adahop.models.llama import RMSNorm, get_model_args  # noqa: E402
 from epilogue.inputs import hard_rows, same_bits, same_epilogue  # noqa: E402
@@ -210,37 +211,6 @@ def ulp_differences(a: torch.Tensor, b: torch.Tensor) -> dict:
     return dict(differ=float((ulps[finite] > 0).float().mean()), max_ulps=int(ulps[finite].max()))
 
 
-def graph_times(launches: list, repeats: int, on_cuda: bool) -> list[float]:
-    """Seconds per launch of each repeat: one CUDA graph of ``launches`` replayed under CUDA events (wall clock
-    in the interpreter)."""
-    if not on_cuda:
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            for launch in launches:
-                launch()
-            times.append((time.perf_counter() - start) / len(launches))
-        return times
-    for launch in launches:  # compile and allocate outside the capture
-        launch()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for launch in launches:
-            launch()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3 / len(launches))
-    return times
-
-
 def time_case(case: Case, repeats: int, on_cuda: bool) -> dict:
     """Microseconds per call of every variant, A B B A, and the producer and quantizer alone."""
     calls = CALLS if on_cuda else 1
@@ -266,9 +236,9 @@ def time_variants(case, row: dict, variants: dict, alone: dict, repeats: int, on
     times = {name: [] for name in (*variants, *alone)}
     with torch.no_grad():
         for name in (*variants, *reversed(variants)):
-            times[name] += graph_times(variants[name], repeats, on_cuda)
+            times[name] += graph_seconds_per_launch(variants[name], repeats, on_cuda)
         for name, launches in alone.items():
-            times[name] += graph_times(launches, repeats, on_cuda)
+            times[name] += graph_seconds_per_launch(launches, repeats, on_cuda)
     for name, ts in times.items():
         us = [t * 1e6 for t in ts]
         row[name] = dict(median_us=statistics.median(us), min_us=min(us), max_us=max(us))
