@@ -340,16 +340,18 @@ class BackwardCase:
         copies = max(1, -(-2 * L2_BYTES // (6 * self.elements))) if device.type == "cuda" else 1
         self.inputs = [(make() * 1e-3, make(), make()) for _ in range(copies)]  # d (a gradient's scale), g, u
         self.grads_fn = compiled_swiglu_grads() if compile_backward else swiglu_grads
+        # device-side keys: a capture cannot copy a Python int to the GPU
+        self.seeds = {name: torch.tensor(key, dtype=torch.int64, device=device) for name, key in SEEDS.items()}
 
     def split(self, args):
         with torch.no_grad():
             dg, du = self.grads_fn(*args)
-            seeds = SEEDS["seed_gate"], SEEDS["seed_up"]
+            seeds = self.seeds["seed_gate"], self.seeds["seed_up"]
             return [quantize_fold_fp8(dx, seed=seed, **self.options) for dx, seed in zip((dg, du), seeds)]
 
     def fused(self, args, outputs=("gate", "up"), max_registers=MAX_REGISTERS):
         return swiglu_backward_quantize_fold(
-            *args, outputs=outputs, max_registers=max_registers, **SEEDS, **self.options
+            *args, outputs=outputs, max_registers=max_registers, **self.seeds, **self.options
         )
 
     def per_operand(self, args):
@@ -413,7 +415,7 @@ def time_backward(case: BackwardCase, repeats: int, on_cuda: bool) -> dict:
         grads = [case.grads_fn(*a)[0] for a in case.inputs]
     alone = {
         "backward alone": [lambda a=a: case.grads_fn(*a) for a in pick],
-        "quantize alone": [lambda x=grads[i % len(grads)]: quantize_fold_fp8(x, seed=SEED, **case.options)
+        "quantize alone": [lambda x=grads[i % len(grads)]: quantize_fold_fp8(x, seed=case.seeds["seed_gate"], **case.options)
                            for i in range(calls)],
     }  # fmt: skip
     row = dict(producer="swiglu backward", n=case.n, hadamard=case.hadamard, rounding=case.rounding,
