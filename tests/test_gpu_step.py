@@ -112,7 +112,11 @@ def test_accumulating_graph_reads_the_weight_operands_the_first_graph_writes():
     shapes = {tuple(layer.weight.shape) for layer in adahop_layers(model).values()}
     assert all(BATCH * SEQ not in shape for shape in shapes)  # no activation has a weight's shape
     calls = []
-    kernels = {ops.quantize_mx_op: ops._quantize_mx_cuda, ops.quantize_fold_op: ops._quantize_fold_cuda}
+    kernels = {  # the op, and the name its eager path calls directly (ops._eager_cuda)
+        ops.quantize_mx_op: "_quantize_mx_cuda",
+        ops.quantize_fold_op: "_quantize_fold_cuda",
+        ops.quantize_rowwise_op: "_quantize_rowwise_cuda",
+    }
 
     def counted(kernel):
         def run(x, *args):
@@ -123,15 +127,18 @@ def test_accumulating_graph_reads_the_weight_operands_the_first_graph_writes():
 
     @contextlib.contextmanager
     def counting():
-        """The ops' CUDA kernels swapped for counting ones (a custom op dispatches to the kernel
-        registered last, so ``torch.library``'s IMPL override would not reach it), then restored."""
+        """Every W quantize counted: eager CUDA calls ``ops._quantize_*_cuda`` by name, skipping the
+        custom-op dispatch, and a compiled graph dispatches to the kernel registered last."""
+        originals = {op: getattr(ops, name) for op, name in kernels.items()}
         try:
-            for op, kernel in kernels.items():
-                op.register_kernel("cuda")(counted(kernel))
+            for op, name in kernels.items():
+                setattr(ops, name, counted(originals[op]))
+                op.register_kernel("cuda")(counted(originals[op]))
             yield
         finally:
-            for op, kernel in kernels.items():
-                op.register_kernel("cuda")(kernel)
+            for op, name in kernels.items():
+                setattr(ops, name, originals[op])
+                op.register_kernel("cuda")(originals[op])
 
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
     step = GraphedMicroStep(model, loss_scale=1 / accum)
