@@ -25,5 +25,5 @@ def test_every_quantize_kernel_compiles_for_sm90():
     lines = run.stdout.splitlines()
     # 3 orientations x 2 roundings x 2 Hadamard settings, the fused fold kernel's 4, the fold's 2
     # (rows whole or split into parts); recording outlier scores: each single orientation's 4 and the
-    # fused fold kernel's 4.
-    assert len(lines) == 18 + 12 and all(": " in line and "(0 chars)" not in line for line in lines), run.stdout
+    # fused fold kernel's 4; float32 input with scores: the row-wise and fused fold kernels' 2 each.
+    assert len(lines) == 18 + 12 + 4 and all(": " in line and "(0 chars)" not in line for line in lines), run.stdout

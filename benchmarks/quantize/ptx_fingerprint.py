@@ -44,6 +44,7 @@ POINTERS = {
     "lossy_ptr": "*i32",
     "score_ptr": "*i32",  # raised by atomic max on the float32 bits
 }
+FLOAT32_POINTERS = {**POINTERS, "x_ptr": "*fp32"}
 FOLD_POINTERS = {**POINTERS, "row_scale_ptr": "*i32", "score_ptr": "*fp32"}  # row scales written as bits
 # The fold of packed MXFP4: codes and scales in, a byte-pair table, E4M3 pairs out (as int16).
 PACKED_FOLD_POINTERS = {
@@ -99,8 +100,8 @@ def _scored(constexprs: dict) -> dict:
 
 
 def variants() -> Iterator[tuple[str, triton.JITFunction, dict, dict, dict]]:
-    """(name, kernel, compile-time arguments, compile options, pointer types) of bf16 MXFP4 launches;
-    those that record outlier scores are named so (one orientation only)."""
+    """(name, kernel, compile-time arguments, compile options, pointer types) of bf16 MXFP4 launches, and
+    of float32 ones that record scores; those that record outlier scores are named so (one orientation only)."""
     shape = (256, 512)
     orientations = (
         (True, False, False),
@@ -139,6 +140,20 @@ def variants() -> Iterator[tuple[str, triton.JITFunction, dict, dict, dict]]:
                     {"num_warps": warps, "maxnreg": qf.MAX_REGISTERS},
                     FOLD_POINTERS,
                 )
+    # float32 input (loaded as floats, not bf16 bits) where the loaded values are also scored: the
+    # row-wise and fused fold kernels, whose scores convert the loads a second time
+    spec_args = ("mxfp4", 32, "floor")
+    for rounding in ("nearest", "stochastic"):
+        spec = quantize_spec(torch.float32, True, *spec_args, rounding, 32, False, True)
+        plan = q._launch_plan(256, 512, (512, 1), spec, True, False, None, None)
+        constexprs = {k: v for k, v in plan.constexprs.items() if k not in LAUNCH_OPTIONS}
+        options = {k: plan.constexprs[k] for k in LAUNCH_OPTIONS if plan.constexprs.get(k) is not None}
+        yield (f"{plan.kernel.__name__} rowwise {rounding} hadamard 32 scores float32", plan.kernel, constexprs,
+               options, FLOAT32_POINTERS)  # fmt: skip
+        block_m, block_n, warps = qf._tile(2048, True)
+        constexprs = dict(BLOCK_M=block_m, BLOCK_N=block_n, SPEC=spec)
+        yield (f"_quantize_fold_rows_kernel {rounding} hadamard 32 scores float32", qf._quantize_fold_rows_kernel,
+               constexprs, {"num_warps": warps, "maxnreg": qf.MAX_REGISTERS}, {**FOLD_POINTERS, "x_ptr": "*fp32"})  # fmt: skip
     config = fold.FoldConfig()
     for split in (False, True):
         constexprs = dict(

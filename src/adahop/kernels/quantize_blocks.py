@@ -210,10 +210,10 @@ def _finish_blocks(x0, x1, x2, x3, v0, v1, v2, v3, hadamard_scale, SPEC: tl.cons
     block maxima and scales."""
     score = 0.0
     if SPEC.scores:  # from the loaded values, before the Hadamard
-        bf16 = SPEC.input_bf16
+        BF16: tl.constexpr = SPEC.input_bf16  # a plain local would compile both of to_float32's branches
         score = max_keeping_nan(
-            max_keeping_nan(tl.abs(to_float32(x0, bf16)), tl.abs(to_float32(x1, bf16))),
-            max_keeping_nan(tl.abs(to_float32(x2, bf16)), tl.abs(to_float32(x3, bf16))),
+            max_keeping_nan(tl.abs(to_float32(x0, BF16)), tl.abs(to_float32(x1, BF16))),
+            max_keeping_nan(tl.abs(to_float32(x2, BF16)), tl.abs(to_float32(x3, BF16))),
         )
         score = tl.reduce(tl.reduce(score, 2, max_keeping_nan), 1, max_keeping_nan)
     if SPEC.hadamard > 0:
