@@ -145,14 +145,15 @@ def main() -> None:
     if a.lazy_optimizer_state:
         trainer_module.allocate_state = lambda optimizer: None
     settings, case, mode = (DRY_RUN, DRY_RUN_CASES[0].key, "eager") if a.dry_run else (Settings(), a.case, a.mode)
-    snapshot = a.out / f"snapshot-{name}.pickle" if a.snapshot and a.out else None
+    file_name = name.replace("+", "-")  # the device tool returns no file whose name holds a '+'
+    snapshot = a.out / f"snapshot-{file_name}.pickle" if a.snapshot and a.out else None
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)
     rows = run(a.recipe, case, mode, settings, snapshot, a.steady_steps)
     for row in rows:
         print(json.dumps({"run": name} | row))
     if a.out:
-        (a.out / f"memory-{name}.json").write_text(json.dumps(rows, indent=1) + "\n")
+        (a.out / f"memory-{file_name}.json").write_text(json.dumps(rows, indent=1) + "\n")
 
 
 if __name__ == "__main__":
