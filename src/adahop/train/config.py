@@ -99,7 +99,7 @@ class TrainingConfig:
     # Compiled blocks (Inductor) make wgrad's operand (Xᵀ quantized, OE-right's BF16 channels, a BF16 X) in
     # backward from an X recomputed element-wise from what the block keeps anyway, instead of keeping it from
     # the forward (adahop.nn.compiling): bit-identical, less activation memory, a little pointwise work in
-    # backward. Off until the GPU has timed it.
+    # backward. Off by default: it trades a little speed for memory (benchmarks/step/README.md).
     recompute_wgrad_operands: bool = False
     cuda_graph: bool = True  # on CUDA, replay each micro-step as one CUDA graph once the plans are frozen
     distributed: bool = False  # under torchrun with one process, still train through FSDP2 (several always do)
