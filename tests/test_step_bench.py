@@ -9,7 +9,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from adahop import ops
 from adahop.bench import roofline
-from adahop.bench.step import DRY_RUN, Case, markdown, memory_markdown, run
+from adahop.bench.step import DRY_RUN, Case, Kernel, gpu_idle, idle_markdown, markdown, memory_markdown, run
 from adahop.nn import AdaHOPLinear
 from adahop.policy.strategies import LayerPlan
 
@@ -178,6 +178,9 @@ def test_step_bench_dry_run_falls_back_times_every_step_and_accumulates(corpus):
     text = "\n".join(markdown(result))
     assert "2 micro-batches of 2 x 32 (vocabulary 512)" in text
     assert "| bf16/graph | failed: RuntimeError: mode graph: no CUDA graph was captured on cpu |" in text
+    # a real profile on the CPU: no kernels, so no timeline and no idle table
+    assert "gpu_span_ms" not in lv2["profile"] and lv2["profile"]["cuda_ms"] == 0
+    assert "GPU idle" not in text
     fastest = result["cases"]["tiny_2x32_accum2"]["best_mode"]["adahop_lv2"]  # either lv2 run, by the clock
     assert f"| tiny_2x32_accum2 | adahop_lv2 / {fastest} | - | - | - | - |" in "\n".join(memory_markdown(result))
     table = roofline.roofline(lv2, copy_gb_per_s=4000.0)  # no kernels on the CPU: bytes only
@@ -186,6 +189,50 @@ def test_step_bench_dry_run_falls_back_times_every_step_and_accumulates(corpus):
     assert lv2["weight_operands_once_per_step"]
     each = roofline.roofline(lv2 | {"weight_operands_once_per_step": False}, copy_gb_per_s=4000.0)
     assert each["total"]["gb"] > table["total"]["gb"]
+
+
+def test_gpu_idle_takes_the_union_of_kernels_and_splits_gaps_by_their_neighbours():
+    """Two streams overlapping, back-to-back kernels, gaps beside a preparation kernel and not, short
+    and long; the input in any order. Times in us, results in ms."""
+    kernels = [
+        Kernel(0, 10, False),  # stream A
+        Kernel(4, 12, False),  # stream B, overlapping: busy [0, 12]
+        Kernel(12, 20, False),  # back to back: no gap
+        Kernel(23, 30, True),  # 3 us gap, a preparation kernel after it
+        Kernel(38, 40, False),  # 8 us gap (long), a preparation kernel before it
+        Kernel(42, 50, False),  # 2 us gap, no preparation kernel beside it
+        Kernel(45, 60, False),
+        Kernel(66, 70, False),  # 6 us gap (long), none beside it
+    ]
+    assert gpu_idle(kernels[::-1]) == {
+        "gpu_span_ms": 70 / 1e3,
+        "gpu_busy_ms": 51 / 1e3,  # 20 + 7 + 2 + 18 + 4, not the 58 us the kernels sum to
+        "gpu_idle_ms": 19 / 1e3,
+        "gpu_idle_next_to_preparation_ms": 11 / 1e3,
+        "gpu_idle_other_ms": 8 / 1e3,
+        "gpu_gaps": 4,
+        "gpu_long_gaps": 2,
+        "gpu_idle_long_gaps_ms": 14 / 1e3,
+    }
+    # before a gap, the kernel that ends last counts: a preparation kernel inside a longer one does not
+    inside = gpu_idle([Kernel(0, 20, False), Kernel(5, 10, True), Kernel(25, 30, False)])
+    assert inside["gpu_idle_next_to_preparation_ms"] == 0 and inside["gpu_idle_other_ms"] == 5 / 1e3
+    outlasting = gpu_idle([Kernel(0, 10, False), Kernel(5, 20, True), Kernel(25, 30, False)])
+    assert outlasting["gpu_idle_next_to_preparation_ms"] == 5 / 1e3 and outlasting["gpu_idle_other_ms"] == 0
+    assert gpu_idle([]) == {}  # the CPU: no kernels
+
+
+def test_idle_table_lists_runs_with_kernels_only():
+    timeline = gpu_idle([Kernel(0, 1000, True), Kernel(1010, 3000, False)])
+    runs = {
+        "bf16/eager": {"step_ms": 3.5, "profile": {"cuda_ms": 2.99} | timeline},
+        "bf16/graph": {"error": "RuntimeError: no graph"},
+        "adahop_lv2/eager": {"step_ms": 4.0, "profile": {"cuda_ms": 0.0}},  # the CPU
+    }
+    text = idle_markdown({"cases": {"tiny": {"runs": runs}}})
+    assert text[-1] == "| tiny | bf16/eager | 3.5 | 3.0 | 3.0 | 0.01 | 0.01 | 1 | 1 / 0.01 |"
+    assert "| gaps > 5 us: n / ms |" in text[-3] and len(text) == 6
+    assert idle_markdown({"cases": {"tiny": {"runs": {"adahop_lv2/eager": runs["adahop_lv2/eager"]}}}}) == []
 
 
 def test_step_bench_gpu_script_dry_run_writes_its_files(tmp_path):

@@ -32,6 +32,7 @@ from concurrent.futures import ProcessPoolExecutor
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -150,10 +151,74 @@ def family(kernel: str) -> str:
     return "other"
 
 
+# A gap longer than this is the GPU waiting on something other than the next launch. A kernel queued
+# behind another (in a CUDA graph, or eager launches running ahead) starts a few microseconds after
+# it ends; a longer gap is the host: a launch outside the graph, a sync, the optimizer's host side.
+LONG_GAP_US = 5.0
+
+
+class Kernel(NamedTuple):
+    """One device kernel of the profiled step: when it ran (us) and whether it prepares operands."""
+
+    start_us: float
+    end_us: float
+    preparation: bool  # ``roofline.kernel_family(name) is not None``
+
+
+def gpu_idle(kernels: list[Kernel]) -> dict[str, float | int]:
+    """Where the step's device time goes between kernels: why the wall step exceeds the summed
+    kernel time. ``gpu_span_ms``: first start to last end; ``gpu_busy_ms``: the union of the kernels'
+    intervals (kernels on several streams overlap: the summed ``cuda_ms`` counts them twice);
+    ``gpu_idle_ms``: span - busy, split into gaps with a preparation kernel just before (the one
+    that ends last) or just after (the next to start) and the rest; the number of gaps, and of those
+    over ``LONG_GAP_US`` with their idle time. Fewer launches can remove the short gaps only.
+    No kernels (the CPU): ``{}``."""
+    if not kernels:
+        return {}
+    ordered = sorted(kernels)
+    start, end, before_is_preparation = ordered[0]
+    busy = idle_preparation = idle_other = idle_long = 0.0
+    gaps = long_gaps = 0
+    for kernel in ordered[1:]:
+        if kernel.start_us > end:  # a gap: close the busy interval
+            gap = kernel.start_us - end
+            busy += end - start
+            gaps += 1
+            if before_is_preparation or kernel.preparation:
+                idle_preparation += gap
+            else:
+                idle_other += gap
+            if gap > LONG_GAP_US:
+                long_gaps += 1
+                idle_long += gap
+            start, end, before_is_preparation = kernel
+        elif kernel.end_us > end:
+            end, before_is_preparation = kernel.end_us, kernel.preparation
+    busy += end - start
+    return {
+        "gpu_span_ms": (end - ordered[0].start_us) / 1e3,
+        "gpu_busy_ms": busy / 1e3,
+        "gpu_idle_ms": (idle_preparation + idle_other) / 1e3,
+        "gpu_idle_next_to_preparation_ms": idle_preparation / 1e3,
+        "gpu_idle_other_ms": idle_other / 1e3,
+        "gpu_gaps": gaps,
+        "gpu_long_gaps": long_gaps,
+        "gpu_idle_long_gaps_ms": idle_long / 1e3,
+    }
+
+
+def _is_kernel(evt) -> bool:
+    """A device-side event that runs work: not a GPU-side user annotation (e.g.
+    "Optimizer.step#AdamW.step"), which spans kernels already counted."""
+    annotation = getattr(evt, "is_user_annotation", False) or "#" in evt.key
+    return evt.device_type == torch.autograd.DeviceType.CUDA and not annotation
+
+
 def _profile(step, device: torch.device) -> dict:
     """Device time of one step by kernel family (and by preparation family, ``roofline``), its
-    largest kernels, and the host-side operators that took the most CPU time (a step that is
-    slower than its CUDA time is host-bound). On the CPU there are no kernels: only the host side."""
+    largest kernels, the host-side operators that took the most CPU time (a step that is
+    slower than its CUDA time is host-bound) and the idle time between its kernels (``gpu_idle``).
+    On the CPU there are no kernels: only the host side."""
     from torch.profiler import ProfilerActivity, profile
 
     cuda = device.type == "cuda"
@@ -168,9 +233,7 @@ def _profile(step, device: torch.device) -> dict:
         if evt.self_cpu_time_total > 0:
             host.append({"name": evt.key[:120], "self_cpu_ms": evt.self_cpu_time_total / 1e3, "calls": evt.count})
         ms = evt.self_device_time_total / 1e3
-        # GPU-side user annotations (e.g. "Optimizer.step#AdamW.step") span kernels already counted.
-        annotation = getattr(evt, "is_user_annotation", False) or "#" in evt.key
-        if ms <= 0 or evt.device_type != torch.autograd.DeviceType.CUDA or annotation:
+        if ms <= 0 or not _is_kernel(evt):
             continue
         by_family[family(evt.key)] += ms
         kernels.append({"name": evt.key[:120], "ms": ms, "calls": evt.count})
@@ -179,7 +242,12 @@ def _profile(step, device: torch.device) -> dict:
             preparation[prep]["calls"] += evt.count
     kernels.sort(key=lambda k: -k["ms"])
     host.sort(key=lambda h: -h["self_cpu_ms"])
-    return {
+    timeline = [
+        Kernel(evt.time_range.start, evt.time_range.end, roofline.kernel_family(evt.key) is not None)
+        for evt in prof.events()
+        if _is_kernel(evt) and evt.time_range.end > evt.time_range.start
+    ]
+    return gpu_idle(timeline) | {
         "cuda_ms": sum(by_family.values()),
         "families_ms": dict(sorted(by_family.items(), key=lambda kv: -kv[1])),
         "preparation": dict(preparation),
@@ -564,7 +632,8 @@ def _case_title(case: dict) -> str:
 
 
 def markdown(step: dict) -> list[str]:
-    """This section of the bench summary: one table per case, one memory table, the rooflines."""
+    """This section of the bench summary: one table per case, one memory table, one of GPU idle time,
+    the rooflines."""
     lines: list[str] = []
     for key, case in step["cases"].items():
         vocab = case.get("vocab_size", step.get("vocab_size"))  # older results: one for every case
@@ -592,6 +661,7 @@ def markdown(step: dict) -> list[str]:
                 f"{_gib(r['peak_allocated_gib'])} / {_gib(r['peak_reserved_gib'])}{_run_peak(r)} | {fams} |"
             )
     lines += memory_markdown(step)
+    lines += idle_markdown(step)
     for key, case in step["cases"].items():
         for name, r in case["runs"].items():
             if "roofline" in r:
@@ -618,5 +688,35 @@ def memory_markdown(step: dict) -> list[str]:
         "",
         "| case | recipe / mode | timed steps | whole run | vs bf16 | vs float8 tw |",
         "|---|---|---:|---:|---:|---:|",
+        *rows,
+    ]
+
+
+def idle_markdown(step: dict) -> list[str]:
+    """The profiled step's GPU span, busy and idle time beside the wall step, every run with kernels
+    (none on the CPU: no table)."""
+    rows = []
+    for key, case in step["cases"].items():
+        for name, r in case["runs"].items():
+            if "error" in r or "gpu_span_ms" not in (p := r["profile"]):
+                continue
+            rows.append(
+                f"| {key} | {name} | {r['step_ms']:.1f} | {p['gpu_span_ms']:.1f} | {p['gpu_busy_ms']:.1f} | "
+                f"{p['gpu_idle_ms']:.2f} | {p['gpu_idle_next_to_preparation_ms']:.2f} | {p['gpu_gaps']} | "
+                f"{p['gpu_long_gaps']} / {p['gpu_idle_long_gaps_ms']:.2f} |"
+            )
+    if not rows:
+        return []
+    return [
+        "",
+        "GPU idle inside the step: the profiled step's first kernel start to last kernel end (span), the union "
+        "of its kernels (busy) and the gaps between them (idle), the gaps with a preparation kernel on either "
+        f"side, and the gaps over {LONG_GAP_US:g} us (waits on the host, not launch latency). Wall is the timed "
+        "steps' mean: wall - span is time before the step's first kernel or after its last (host work between "
+        "steps), as far as profiling leaves the step's time unchanged:",
+        "",
+        "| case | recipe / mode | wall ms | span ms | busy ms | idle ms | idle next to preparation ms | gaps | "
+        f"gaps > {LONG_GAP_US:g} us: n / ms |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
         *rows,
     ]
