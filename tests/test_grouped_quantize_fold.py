@@ -1,7 +1,10 @@
 """The grouped quantize-fold prototype of ``benchmarks/quantize/grouped`` (issue #30's "fewer launches"): one
 launch over a list of tensors of different shapes writes, for each, exactly what ``quantize_fold_fp8`` writes
-for it alone (every field, bit for bit, Triton interpreter) and rejects what it does not take in one line."""
+for it alone (every field, bit for bit, Triton interpreter), rejects what it does not take in one line, and
+``grouped_ab.py --dry-run`` keeps the GPU script working."""
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -77,3 +80,24 @@ def test_inputs_the_kernel_does_not_take_get_one_clear_error():
         plan_grouped_fold([good], hadamard_block_size=16)
     with pytest.raises(ValueError, match="unknown scale_rule"):
         plan_grouped_fold([good], scale_rule="up")
+
+
+@pytest.mark.slow  # about 50 s: the GPU script's checks and timings in the interpreter
+def test_gpu_script_dry_run_is_bit_exact(tmp_path):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))}
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "quantize" / "grouped" / "grouped_ab.py"),
+            "--dry-run",
+            "--out",
+            str(tmp_path),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "bit-exact: True (6/6 checks)" in run.stdout, run.stdout[-3000:]
+    assert (tmp_path / "grouped_ab.md").read_text().count("llama3_1b (dry)") == 2  # H32 and H0
