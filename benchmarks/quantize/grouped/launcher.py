@@ -25,6 +25,9 @@ from .kernel import MAX_CLASS, _grouped_quantize_fold_kernel, work_item
 
 NAME = "grouped_quantize_fold_fp8"
 MAX_COLS = FOLD_BLOCK << MAX_CLASS.value  # the longest row a class covers
+# A register cap where Triton 3.6 does not spill the grouped kernel at the presets' row lengths
+# (sm90_counts.py; at 80 it spills 8-24 bytes a thread): 2 programs of 8 warps an SM instead of 3.
+WIDE_REGISTERS = 96
 
 
 @dataclass
@@ -39,6 +42,7 @@ class GroupedFold:
     signs: torch.Tensor | None
     programs: int
     persistent: bool  # programs loop over the items (else one item each)
+    max_registers: int  # ptxas' per-thread cap
     hadamard_scale: float
     classes: int
     row_blocks: int
@@ -67,7 +71,7 @@ class GroupedFold:
             PERSISTENT=self.persistent,
             SPEC=self.spec,
             num_warps=self.warps,
-            maxnreg=MAX_REGISTERS,
+            maxnreg=self.max_registers,
         )
 
 
@@ -106,10 +110,12 @@ def plan_grouped_fold(
     signs: torch.Tensor | None = None,
     scores: bool = False,
     programs: int | None = None,
+    max_registers: int = MAX_REGISTERS,
 ) -> GroupedFold:
     """The grouped launch of ``quantize_fold_fp8(x, scale_rule=..., rounding="nearest", ...)`` over
     ``tensors``; ``programs``: a persistent grid of that many programs looping over the work items,
-    instead of one program per item. Round to nearest only: W needs no Philox key."""
+    instead of one program per item; ``max_registers``: the per-thread register cap (the per-tensor kernel's by
+    default). Round to nearest only: W needs no Philox key."""
     check_inputs(tensors)
     x0 = tensors[0]
     check_quantize_args(x0, "mxfp4", FOLD_BLOCK, scale_rule, "nearest")
@@ -155,6 +161,7 @@ def plan_grouped_fold(
         signs=None if signs is None else signs.to(device=device, dtype=torch.float32).contiguous(),
         programs=len(items) if programs is None else min(programs, len(items)),
         persistent=programs is not None,
+        max_registers=max_registers,
         hadamard_scale=1 / math.sqrt(hadamard_block_size) if hadamard_block_size else 1.0,
         classes=classes,
         row_blocks=row_blocks,

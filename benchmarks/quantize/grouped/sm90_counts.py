@@ -26,6 +26,7 @@ from adahop.kernels import quantize_fold as qf  # noqa: E402
 from adahop.kernels.launch import quantize_spec  # noqa: E402
 from epilogue.sm90_counts import FOLD_TYPES, compile_for_sm90  # noqa: E402
 from grouped.kernel import _grouped_quantize_fold_kernel  # noqa: E402
+from grouped.launcher import WIDE_REGISTERS  # noqa: E402
 from grouped.shapes import linear_weight_shapes  # noqa: E402
 from sass_counts import per_element, resource_usage  # noqa: E402
 
@@ -76,12 +77,13 @@ def variants():
             yield f"grouped, rows {n} only H{hb}", compiled, row_blocks * 32
         for preset, lengths in presets.items():
             classes, row_blocks, warps = classes_of(lengths)
-            for persistent in (False, True):
+            for persistent, registers in ((False, qf.MAX_REGISTERS), (True, qf.MAX_REGISTERS), (False, WIDE_REGISTERS)):
                 constexprs = dict(CLASSES=classes, ROW_BLOCKS=row_blocks, PERSISTENT=persistent, SPEC=spec)
                 compiled = compile_for_sm90(
-                    _grouped_quantize_fold_kernel, GROUPED_TYPES, constexprs, {**options, "num_warps": warps}
+                    _grouped_quantize_fold_kernel, GROUPED_TYPES, constexprs, {"maxnreg": registers, "num_warps": warps}
                 )
-                yield f"grouped{' persistent' if persistent else ''} {preset} {lengths} H{hb}", compiled, None
+                variant = " persistent" if persistent else f" {registers} reg" if registers != qf.MAX_REGISTERS else ""
+                yield f"grouped{variant} {preset} {lengths} H{hb}", compiled, None
 
 
 def main() -> None:
