@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks" / "quantize"))
 
 from grouped.inputs import MIXED_SHAPES, mixed_hard_tensors, same_fold  # noqa: E402
-from grouped.launcher import grouped_quantize_fold_fp8, plan_grouped_fold  # noqa: E402
+from grouped.launcher import MAX_COLS, grouped_quantize_fold_fp8, plan_grouped_fold  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:(invalid value|overflow|divide by zero):RuntimeWarning")
 
@@ -59,12 +59,19 @@ def test_launching_again_quantizes_the_tensors_current_values():
     assert_each_equals_its_own_launch(tensors, plan.outputs)
 
 
+@pytest.mark.slow  # about 15 s: the interpreter runs a 16-row tile of the longest class
+def test_the_longest_rows_it_takes_beside_the_shortest():
+    tensors = [torch.randn(2, MAX_COLS).to(torch.bfloat16), torch.randn(3, 32).to(torch.bfloat16)]
+    assert_each_equals_its_own_launch(tensors, grouped_quantize_fold_fp8(tensors))
+
+
 def test_inputs_the_kernel_does_not_take_get_one_clear_error():
     good = torch.zeros(4, 64, dtype=torch.bfloat16)
     bad = {
         "non-empty list": [],
         "tensor 1 (4, 64) has dtype torch.float32": [good, good.float()],
         "tensor 0 (4, 48) has 48 columns": [torch.zeros(4, 48, dtype=torch.bfloat16)],
+        f"has {MAX_COLS + 32} columns": [good, torch.zeros(1, MAX_COLS + 32, dtype=torch.bfloat16)],
         "tensor 1 (64, 4) has strides (1, 64)": [good, good.t()],
         "tensor 0 (4, 64) starts 2 bytes past a 16-byte boundary": [
             torch.zeros(257, dtype=torch.bfloat16)[1:].view(4, 64)

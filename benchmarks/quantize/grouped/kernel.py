@@ -18,7 +18,7 @@ from adahop.kernels.quantize_blocks import row_blocks
 from adahop.kernels.quantize_fold import store_folded_rows
 
 FIELDS = tl.constexpr(8)  # int64 fields per work item: 64 bytes, one cache line
-MAX_CLASS = tl.constexpr(10)  # classes are log2(NB), NB = BLOCK_N / 32 blocks of a padded row: rows up to 32768
+MAX_CLASS = tl.constexpr(10)  # the longest class: log2(NB), NB = BLOCK_N / 32 blocks of a padded row; rows up to 32768
 
 
 def work_item(
@@ -44,7 +44,7 @@ def _quantize_fold_item(
     M = tl.load(fields + 4).to(tl.int32)
     N = tl.multiple_of(tl.load(fields + 5).to(tl.int32), 32)
     item_class = tl.load(fields + 6).to(tl.int32)
-    for c in tl.static_range(MAX_CLASS):
+    for c in tl.static_range(MAX_CLASS + 1):
         if (CLASSES >> c) & 1:
             if item_class == c:
                 NB: tl.constexpr = 1 << c
