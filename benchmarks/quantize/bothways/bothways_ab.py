@@ -14,7 +14,7 @@ Xᵀ for wgrad column-wise (``prepare_operand(x.t(), ...)`` -> ``ops.quantize_2d
 - ``both``: ``quantize_mx_triton_both``, one read, rows packed (not folded), one key for both orientations;
 - ``both+fold``: ``both`` then ``kernels.fold.fold_to_fp8`` of its rows: the split's outputs from one read of
   the source (plus a read of the packed rows);
-- ``fused`` (when ``bothways.kernel`` is importable): the prototype, folded rows and packed columns from one
+- ``fused``: the prototype (``kernel.py``), folded rows and packed columns from one
   read, a key per orientation, bit for bit the split's outputs.
 
 Checks first, on the device, bit for bit: ``both``'s rows and columns against ``quantize_mx_triton`` with axis 1
@@ -53,12 +53,8 @@ from adahop.bench.common import environment, graph_seconds_per_launch  # noqa: E
 from adahop.kernels.fold import fold_to_fp8  # noqa: E402
 from adahop.kernels.quantize import quantize_mx_triton, quantize_mx_triton_both  # noqa: E402
 from adahop.kernels.quantize_fold import quantize_fold_fp8  # noqa: E402
-from epilogue.inputs import hard_rows  # noqa: E402
-
-try:
-    from bothways.kernel import quantize_fold_rows_and_cols  # the prototype (step 2 of the lever)
-except ImportError:
-    quantize_fold_rows_and_cols = None
+from bothways.kernel import quantize_fold_rows_and_cols  # noqa: E402
+from epilogue.inputs import hard_rows, same_bits  # noqa: E402
 
 TOKENS = 8 * 2048  # llama3_1b at 8 x 2048
 # (operand, row length): X [tokens, in] for the forward and wgrad, dY [tokens, out] for dgrad and wgrad. The
@@ -140,11 +136,11 @@ class Case:
         self.col_key = torch.tensor(COL_KEY if self.stochastic else ROW_KEY, dtype=torch.int64, device=device)
         self.options = dict(scale_rule="floor", rounding=self.rounding, hadamard_block_size=HADAMARD)
 
-    def rows(self, x, key=None):
-        return quantize_fold_fp8(x, seed=self.row_key if key is None else key, **self.options)
+    def rows(self, x, key=None, scores=False):
+        return quantize_fold_fp8(x, seed=self.row_key if key is None else key, scores=scores, **self.options)
 
-    def cols(self, x, key=None):
-        return quantize_mx_triton(x, axis=0, seed=self.col_key if key is None else key, **self.options)
+    def cols(self, x, key=None, scores=False):
+        return quantize_mx_triton(x, axis=0, seed=self.col_key if key is None else key, scores=scores, **self.options)
 
     def split(self, x):
         return self.rows(x), self.cols(x)
@@ -156,14 +152,11 @@ class Case:
         row, col = self.both(x, key)
         return fold_to_fp8(row), col
 
-    def fused(self, x):
-        return quantize_fold_rows_and_cols(x, row_seed=self.row_key, col_seed=self.col_key, **self.options)
+    def fused(self, x, **scores):
+        return quantize_fold_rows_and_cols(x, row_seed=self.row_key, col_seed=self.col_key, **self.options, **scores)
 
     def variants(self) -> dict:
-        names = {"split": self.split, "both": self.both, "both+fold": self.both_fold}
-        if quantize_fold_rows_and_cols is not None:
-            names["fused"] = self.fused
-        return names
+        return {"split": self.split, "both": self.both, "both+fold": self.both_fold, "fused": self.fused}
 
 
 def same_mx(a, b) -> dict[str, bool]:
@@ -178,11 +171,10 @@ def same_folded(a, b) -> dict[str, bool]:
     }
 
 
-def check_case(case: Case, device: torch.device, full: bool) -> list[dict]:
-    """Every output that should match, bit for bit, on hard rows and (``full``) the first full-size input."""
-    inputs = {"hard rows": hard_rows(64, case.n, seed=case.n).to(device)}  # two blocks down each column
-    if full:
-        inputs["full size"] = case.inputs[0]
+def check_case(case: Case, device: torch.device, scores: bool) -> list[dict]:
+    """Every output that should match, bit for bit, on hard rows and the first full-size input; ``scores``: the
+    prototype recording scores too (its own compilation, and the split's: once per operand, for time)."""
+    inputs = {"hard rows": hard_rows(64, case.n, seed=case.n).to(device), "full size": case.inputs[0]}
     results = []
     for name, x in inputs.items():
         key = case.row_key
@@ -195,10 +187,20 @@ def check_case(case: Case, device: torch.device, full: bool) -> list[dict]:
             comparisons["both rows = quantize_mx_triton(axis=1)"] = same_mx(row, want_rows)
             comparisons["both cols = quantize_mx_triton(axis=0)"] = same_mx(col, want_cols)
             comparisons["both+fold rows = quantize_fold_fp8"] = same_folded(case.both_fold(x, key)[0], want_folded)
-            if quantize_fold_rows_and_cols is not None:
-                folded, cols = case.fused(x)  # a key per orientation, as training draws them
-                comparisons["fused rows = quantize_fold_fp8"] = same_folded(folded, case.rows(x))
-                comparisons["fused cols = quantize_mx_triton(axis=0)"] = same_mx(cols, case.cols(x))
+            fused = case.fused(x)  # a key per orientation, as training draws them
+            comparisons["fused rows = quantize_fold_fp8"] = same_folded(fused.folded, case.rows(x))
+            comparisons["fused cols = quantize_mx_triton(axis=0)"] = same_mx(fused.cols, case.cols(x))
+            if scores:
+                # OE-left's dgrad scores dY's rows, OE-right's wgrad scores Xᵀ's rows (X's columns)
+                scored = case.fused(x, row_scores=True, col_scores=True)
+                folded, row_scores = case.rows(x, scores=True)
+                cols, col_scores = case.cols(x, scores=True)
+                comparisons["fused with scores = split with scores"] = {
+                    **same_folded(scored.folded, folded),
+                    **same_mx(scored.cols, cols),
+                    "row scores": same_bits(scored.row_scores, row_scores),
+                    "col scores": same_bits(scored.col_scores, col_scores),
+                }
         except Exception as error:  # recorded; the other checks and the timings still run
             comparisons["error"] = {repr(error)[:500]: False}
         for what, fields in comparisons.items():
@@ -293,13 +295,15 @@ def run(args) -> int:
             out.mkdir(parents=True, exist_ok=True)
             write_atomic(out / "bothways_ab.json", json.dumps(results, indent=1, default=str))
 
+    checked_scores = set()
     for operand, n in DRY_CASES if DRY else CASES:
         if time.perf_counter() - start > args.budget:
             results["skipped"].append(f"{operand} {n}")
             print(f"skipped (past {args.budget} s): {operand} {n}", flush=True)
             continue
         case = Case(operand, n, DRY_TOKENS if DRY else TOKENS, device)
-        results["checks"] += check_case(case, device, full=True)
+        results["checks"] += check_case(case, device, scores=operand not in checked_scores)
+        checked_scores.add(operand)
         results["timings"].append(time_case(case, repeats, device.type == "cuda"))
         results["per_step"] = per_step(results["timings"], plans)
         save()

@@ -100,6 +100,28 @@ def store_folded_rows(
     """Encode, fold and store whole rows from ``row_blocks``' (or ``slice_blocks``') outputs: the
     E4M3 bytes, each row's scale and lossy count (and score with ``SPEC.scores``). A kernel that
     computes the rows it quantizes (a producer's epilogue) calls it as this module's kernel does."""
+    ref, lossy = store_folded_blocks(
+        v0, v1, v2, v3, inv_scale, limit, sign_weight, scale_codes, None, rows, blocks, M, N, seed, out_ptr, SPEC
+    )
+    store_row_scales(ref, lossy, score, rows, M, row_scale_ptr, lossy_ptr, score_ptr, SPEC)
+
+
+@triton.jit
+def row_reference(scale_codes, rows, blocks, M, N):
+    """Each row's reference exponent over ``blocks``: its largest finite block code (NaN blocks and
+    blocks past N left out; 0 if none). A kernel that sees a row in parts takes the max over them."""
+    valid = (rows < M)[:, None] & (blocks < N // 32)[None, :]
+    codes = scale_codes.to(tl.int32)
+    return tl.max(tl.where(valid & (codes != 255), codes, 0), axis=1)
+
+
+@triton.jit
+def store_folded_blocks(
+    v0, v1, v2, v3, inv_scale, limit, sign_weight, scale_codes, ref, rows, blocks, M, N, seed, out_ptr, SPEC: tl.constexpr
+):  # fmt: skip
+    """Encode, fold against the rows' reference exponents ``ref`` ([R]; None: ``row_reference`` of these
+    blocks, whole rows) and store ``blocks`` of ``rows``; returns ``ref`` and each row's count of elements
+    that lost bits in these blocks."""
     BLOCK_M: tl.constexpr = rows.shape[0]
     # Magnitude codes (sign weight 0), with Philox counters as in the packed layout (call c draws
     # the noise of elements 16c..16c+15), so the noise, and so the codes, are those of quantize_mx_triton.
@@ -112,13 +134,13 @@ def store_folded_rows(
     m3 = row_codes(v3, inv_scale, limit, 0, noise3, SPEC)
     n0, n1, n2, n3 = sign_bit(v0), sign_bit(v1), sign_bit(v2), sign_bit(v3)
 
-    # The row's reference: its largest finite block code (NaN blocks and blocks past N left out).
     row_ok = rows < M
     valid = row_ok[:, None] & (blocks < N // 32)[None, :]
     codes = scale_codes.to(tl.int32)
     nan_block = codes == 255
     counted = valid & ~nan_block
-    ref = tl.max(tl.where(counted, codes, 0), axis=1)
+    if ref is None:  # as row_reference (inline: a call here leaves an empty block in the PTX)
+        ref = tl.max(tl.where(counted, codes, 0), axis=1)
     shift = codes - ref[:, None] + _OFFSET
     offs = rows.to(tl.int64)[:, None, None] * N + (blocks * 32)[None, :, None] + tl.arange(0, 8)[None, None, :]
     ok = valid[:, :, None]
@@ -139,7 +161,13 @@ def store_folded_rows(
         lossy += _store_folded_exact(out_ptr, m1, n1, sign_weight, flushed, nan, ok, offs + 8)
         lossy += _store_folded_exact(out_ptr, m2, n2, sign_weight, flushed, nan, ok, offs + 16)
         lossy += _store_folded_exact(out_ptr, m3, n3, sign_weight, flushed, nan, ok, offs + 24)
+    return ref, lossy
 
+
+@triton.jit
+def store_row_scales(ref, lossy, score, rows, M, row_scale_ptr, lossy_ptr, score_ptr, SPEC: tl.constexpr):
+    """Each row's scale from its reference exponent, its lossy count, and (``SPEC.scores``) its score."""
+    row_ok = rows < M
     # 2**(ref - 127 - FOLD_OFFSET) from bits; a subnormal float32 when the biased exponent is <= 0.
     scale_exp = ref - _OFFSET
     scale_bits = tl.where(scale_exp > 0, scale_exp << 23, 1 << (22 + scale_exp))
