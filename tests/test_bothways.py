@@ -71,6 +71,8 @@ def test_inputs_it_does_not_take_get_one_line():
         quantize_fold_rows_and_cols(torch.zeros(64, 48, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="whole blocks of 32"):
         quantize_fold_rows_and_cols(torch.zeros(64, 64, dtype=torch.bfloat16), col_hadamard_block_size=16)
+    with pytest.raises(ValueError, match="block_n must be a power of two"):
+        quantize_fold_rows_and_cols(torch.zeros(64, 64, dtype=torch.bfloat16), block_n=48)
     with pytest.raises(ValueError):  # a 32-point Hadamard down columns of 48 rows
         quantize_fold_rows_and_cols(torch.zeros(48, 64, dtype=torch.bfloat16), hadamard_block_size=32)
 

@@ -15,7 +15,8 @@ Xᵀ for wgrad column-wise (``prepare_operand(x.t(), ...)`` -> ``ops.quantize_2d
 - ``both+fold``: ``both`` then ``kernels.fold.fold_to_fp8`` of its rows: the split's outputs from one read of
   the source (plus a read of the packed rows);
 - ``fused``: the prototype (``kernel.py``), folded rows and packed columns from one
-  read, a key per orientation, bit for bit the split's outputs.
+  read, a key per orientation, bit for bit the split's outputs; ``fused w8``: the same with 256-wide chunks and
+  8 warps a program, so half as many row strips wait in L2 between the two passes for the same warps per SM.
 
 Checks first, on the device, bit for bit: ``both``'s rows and columns against ``quantize_mx_triton`` with axis 1
 and 0 (stochastic rounding: the same key gives the same Philox stream at the same offsets), ``both+fold``'s
@@ -32,6 +33,7 @@ past ``--budget`` seconds is skipped and listed.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -67,6 +69,7 @@ ROUNDING = {"X": "nearest", "dY": "stochastic"}  # GemmConfig.act / .saved round
 HADAMARD = 32  # every strategy of the lv2 plans but BF16 rotates (IHT, OE-left, OE-right)
 L2_BYTES = 60 << 20  # a graph cycles through at least twice this much input (H100/H200: 50 MB)
 CALLS = 12  # calls per graph replay
+WIDE_BLOCK_N = 256  # "fused w8": 8 warps a program on CUDA
 ROW_KEY, COL_KEY = 1234, 5678  # dY's dgrad and wgrad keys differ in training (draw_rounding_seeds)
 # Committed step benches whose frozen adahop_lv2 plans give the calls per step (their "layers" lists).
 PLANS = (
@@ -82,7 +85,9 @@ VARIANT_BYTES = {  # bytes read and written per element (E8M0 scales 1/32 a byte
     "both": 2 + 2 * (0.5 + 1 / 32),
     "both+fold": 2 + 2 * (0.5 + 1 / 32) + (0.5 + 1 / 32) + 1,  # the fold reads the packed rows back
     "fused": 2 + 1 + 0.5 + 1 / 32,  # the second pass over a row strip reads it from L2
+    "fused w8": 2 + 1 + 0.5 + 1 / 32,
 }
+TIMED = tuple(VARIANT_BYTES)  # split first: the savings are against it
 
 
 def fusion_calls(layers: list[dict]) -> Counter:
@@ -152,11 +157,13 @@ class Case:
         row, col = self.both(x, key)
         return fold_to_fp8(row), col
 
-    def fused(self, x, **scores):
-        return quantize_fold_rows_and_cols(x, row_seed=self.row_key, col_seed=self.col_key, **self.options, **scores)
+    def fused(self, x, block_n=None, **scores):
+        keys = dict(row_seed=self.row_key, col_seed=self.col_key)
+        return quantize_fold_rows_and_cols(x, block_n=block_n, **keys, **self.options, **scores)
 
     def variants(self) -> dict:
-        return {"split": self.split, "both": self.both, "both+fold": self.both_fold, "fused": self.fused}
+        fused_w8 = functools.partial(self.fused, block_n=WIDE_BLOCK_N if self.n >= WIDE_BLOCK_N else None)
+        return {"split": self.split, "both": self.both, "both+fold": self.both_fold, "fused": self.fused, "fused w8": fused_w8}  # fmt: skip
 
 
 def same_mx(a, b) -> dict[str, bool]:
@@ -190,6 +197,11 @@ def check_case(case: Case, device: torch.device, scores: bool) -> list[dict]:
             fused = case.fused(x)  # a key per orientation, as training draws them
             comparisons["fused rows = quantize_fold_fp8"] = same_folded(fused.folded, case.rows(x))
             comparisons["fused cols = quantize_mx_triton(axis=0)"] = same_mx(fused.cols, case.cols(x))
+            wide = case.fused(x, block_n=min(WIDE_BLOCK_N, case.n))
+            comparisons["fused w8 = fused"] = {
+                **same_folded(wide.folded, fused.folded),
+                **same_mx(wide.cols, fused.cols),
+            }
             if scores:
                 # OE-left's dgrad scores dY's rows, OE-right's wgrad scores Xᵀ's rows (X's columns)
                 scored = case.fused(x, row_scores=True, col_scores=True)
@@ -242,7 +254,7 @@ def per_step(timings: list[dict], plans: dict) -> dict:
     totals = {}
     for label, plan in plans.items():
         entry = dict(calls=plan["calls"], untimed=[s for s in plan["calls"] if s not in by_shape], saving_ms={})
-        for variant in ("both", "both+fold", "fused"):
+        for variant in TIMED[1:]:
             savings = [r[variant]["saving_us"] * plan["calls"][s] for s, r in by_shape.items() if variant in r and s in plan["calls"]]  # fmt: skip
             if savings:
                 entry["saving_ms"][variant] = sum(savings) / 1e3
@@ -256,7 +268,7 @@ def us(v: dict) -> str:
 
 
 def table(timings: list[dict], steps: dict) -> str:
-    variants = [v for v in ("both", "both+fold", "fused") if timings and v in timings[0]]
+    variants = [v for v in TIMED[1:] if timings and v in timings[0]]
     head = " | ".join(f"{v} us" for v in variants)
     saving = " / ".join(variants)
     lines = [
@@ -330,7 +342,7 @@ def finish(results: dict, out: Path | None, seconds: float) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", help="folder for bothways_ab.json and bothways_ab.md (the device's $OUT)")
-    parser.add_argument("--budget", type=float, default=100, help="no case starts after this many seconds")
+    parser.add_argument("--budget", type=float, default=90, help="no case starts after this many seconds")
     parser.add_argument("--repeats", type=int, default=10, help="timed graph replays per run (two runs per variant)")
     parser.add_argument("--dry-run", action="store_true", help="CPU, Triton's interpreter, tiny shapes (or DRY=1)")
     args = parser.parse_args()

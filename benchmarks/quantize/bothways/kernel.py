@@ -30,7 +30,7 @@ from adahop.kernels.quantize_fold import row_reference, store_folded_blocks, sto
 from adahop.kernels.quantize_mxfp4 import quantize_column_blocks
 from adahop.transforms.hadamard import check_hadamard_args
 
-CUDA_BLOCK_N, CUDA_WARPS = 128, 4  # a chunk is 32 x 128: one row block, or one column, per thread
+CUDA_BLOCK_N = 128  # a chunk is 32 x 128: one row block, or one column, per thread of 4 warps
 INTERPRETER_BLOCK_N = 256  # the interpreter pays per chunk: wide ones
 
 
@@ -147,6 +147,8 @@ def quantize_fold_rows_and_cols(
         raise RuntimeError("quantize_fold_rows_and_cols runs on CUDA (or under TRITON_INTERPRET=1)")
     if block_n is None:
         block_n = CUDA_BLOCK_N if x.is_cuda else min(INTERPRETER_BLOCK_N, triton.next_power_of_2(N))
+    if block_n & (block_n - 1) or block_n < 32:
+        raise ValueError(f"block_n must be a power of two of at least 32 (a block per thread), got {block_n}")
     m_padded = cdiv(M, 32) * 32
     device = x.device
     data = torch.empty(M, N, dtype=torch.uint8, device=device)
@@ -184,7 +186,7 @@ def quantize_fold_rows_and_cols(
         MASKED=M % 32 != 0 or N % block_n != 0,
         ROW_SPEC=_spec(x, scale_rule, rounding, hadamard_block_size, signs, row_scores),
         COL_SPEC=_spec(x, scale_rule, col_rounding, col_hb, signs, col_scores),
-        num_warps=CUDA_WARPS if x.is_cuda else 1,
+        num_warps=block_n // 32 if x.is_cuda else 1,  # one row block, or one column, per thread
     )
     folded = FoldedFP8(data.view(torch.float8_e4m3fn), row_scale, lossy)
     cols = MXTensor(col_data, col_scales, "mxfp4", 0, FOLD_BLOCK, x.shape)

@@ -24,7 +24,7 @@ import triton  # noqa: E402
 from adahop.kernels import quantize as q  # noqa: E402
 from adahop.kernels import quantize_fold as qf  # noqa: E402
 from adahop.kernels.launch import quantize_spec  # noqa: E402
-from bothways.kernel import CUDA_BLOCK_N, CUDA_WARPS, _fold_rows_and_cols_kernel  # noqa: E402
+from bothways.kernel import CUDA_BLOCK_N, _fold_rows_and_cols_kernel  # noqa: E402
 from epilogue.sm90_counts import FOLD_TYPES, compile_for_sm90  # noqa: E402
 from ptx_fingerprint import LAUNCH_OPTIONS, POINTERS, compile_kernel  # noqa: E402
 from sass_counts import per_element, resource_usage  # noqa: E402
@@ -50,12 +50,12 @@ def spec(rounding: str, scores: bool):
     return quantize_spec(torch.bfloat16, True, "mxfp4", 32, "floor", rounding, 32, False, scores)
 
 
-def bothways(n: int, rounding: str, row_scores: bool, col_scores: bool, max_registers: int | None):
-    constexprs = dict(STRIDE_M=n, BLOCK_N=CUDA_BLOCK_N, MASKED=False, ROW_SPEC=spec(rounding, row_scores),
+def bothways(n: int, rounding: str, row_scores: bool, col_scores: bool, max_registers: int | None, block_n: int):
+    constexprs = dict(STRIDE_M=n, BLOCK_N=block_n, MASKED=False, ROW_SPEC=spec(rounding, row_scores),
                       COL_SPEC=spec(rounding, col_scores))  # fmt: skip
     constexprs |= {name: None for name, on in (("row_score_ptr", row_scores), ("col_score_ptr", col_scores)) if not on}
-    options = {"num_warps": CUDA_WARPS} | ({"maxnreg": max_registers} if max_registers else {})
-    return compile_for_sm90(_fold_rows_and_cols_kernel, BOTHWAYS_TYPES, constexprs, options), 32 * CUDA_BLOCK_N
+    options = {"num_warps": block_n // 32} | ({"maxnreg": max_registers} if max_registers else {})
+    return compile_for_sm90(_fold_rows_and_cols_kernel, BOTHWAYS_TYPES, constexprs, options), 32 * block_n
 
 
 def fold_rows(n: int, rounding: str, scores: bool):
@@ -101,9 +101,9 @@ def main() -> None:
             split += per_elem
             print(line, flush=True)
         print(f"  {'split total':<44} {split:52.2f} instr/elem")
-        for max_registers in (None, 128):
-            compiled, elements = bothways(n, rounding, row_scores, col_scores, max_registers)
-            name = f"one read, both ways{f' maxnreg {max_registers}' if max_registers else ''}"
+        for max_registers, block_n in ((None, CUDA_BLOCK_N), (128, CUDA_BLOCK_N), (None, 2 * CUDA_BLOCK_N)):
+            compiled, elements = bothways(n, rounding, row_scores, col_scores, max_registers, block_n)
+            name = f"one read, both ways, BLOCK_N {block_n}{f' maxnreg {max_registers}' if max_registers else ''}"
             print(describe(name, compiled, elements)[0], flush=True)
 
 
