@@ -36,20 +36,25 @@ def assert_same(got, rows, cols, row_scores=None, col_scores=None):
         assert (ours is None) == (theirs is None) and (ours is None or same_bits(ours, theirs))
 
 
+@pytest.mark.parametrize("staged", (False, True))
 @pytest.mark.parametrize("rounding", ("nearest", "stochastic"))
 @pytest.mark.parametrize("hadamard_block_size", (0, 32))
-def test_one_read_equals_fold_rows_and_column_kernels(rounding, hadamard_block_size):
+def test_one_read_equals_fold_rows_and_column_kernels(rounding, hadamard_block_size, staged):
     # 160 columns in chunks of 64: three chunks, the last partial; NaN, Inf, zeros, subnormals, an outlier, and
     # blocks far below their row's largest (the fold's exact path, with lossy counts) in rows 0-7
     x = hard_rows(64, 160, seed=5)
     options = dict(rounding=rounding, hadamard_block_size=hadamard_block_size)
-    got = quantize_fold_rows_and_cols(
-        x, row_seed=3, col_seed=4, row_scores=True, col_scores=True, block_n=64, **options
-    )
+    scores = dict(row_scores=True, col_scores=True)
+    got = quantize_fold_rows_and_cols(x, row_seed=3, col_seed=4, block_n=64, staged=staged, **scores, **options)
     rows, row_scores = quantize_fold_fp8(x, seed=3, scores=True, **options)
     cols, col_scores = quantize_mx_triton(x, axis=0, seed=4, scores=True, **options)
     assert rows.lossy_per_row.sum() > 0  # the exact path ran
     assert_same(got, rows, cols, row_scores, col_scores)
+    if staged:  # the second pass folded the rows' packed MXFP4, which is quantize_mx_triton's
+        packed = quantize_mx_triton(x, axis=1, seed=3, **options)
+        assert torch.equal(got.packed_rows.data, packed.data) and torch.equal(got.packed_rows.scales, packed.scales)
+    else:
+        assert got.packed_rows is None
 
 
 def test_each_orientation_takes_its_own_options():

@@ -13,13 +13,19 @@ these predict its speed before a GPU run. They depend on the Triton version: use
 
     python -m venv --system-site-packages /tmp/t36 && /tmp/t36/bin/pip install triton==3.6.0
     env -u TRITON_INTERPRET PYTHONPATH=src /tmp/t36/bin/python benchmarks/quantize/sass_counts.py
+
+``--fingerprint`` prints a hash of each variant's SASS instead (every ``ptx_fingerprint.py`` variant): a refactor
+that moves kernel code into a device function can add empty labels to the PTX (the inlined call's blocks), which
+``ptxas`` erases; equal SASS hashes before and after show the GPU runs the same code.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import subprocess
+import sys
 import tempfile
 from collections import Counter
 
@@ -40,15 +46,20 @@ def resource_usage(compiled) -> dict[str, int]:
     return {key: int(re.search(rf"{key}:(\d+)", out).group(1)) for key in ("REG", "STACK")}
 
 
-def per_element(compiled, elements_per_program: int) -> tuple[float, Counter]:
-    """Static SASS instructions per element, and per opcode. From ``cuobjdump -sass`` of the cubin, not
-    ``compiled.asm["sass"]``: Triton's disassembly parser (``tools/disasm.py``, 3.6) matches 4-digit
-    addresses only, so it stops at the 4096th instruction of a longer kernel."""
-    ops = Counter()
+def sass_of(compiled) -> str:
+    """``cuobjdump -sass`` of the cubin, not ``compiled.asm["sass"]``: Triton's disassembly parser
+    (``tools/disasm.py``, 3.6) matches 4-digit addresses only, so it stops at the 4096th instruction of a
+    longer kernel."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
         cubin.write(compiled.asm["cubin"])
         cubin.flush()
-        sass = subprocess.run([CUOBJDUMP, "-sass", cubin.name], capture_output=True, text=True, check=True).stdout
+        return subprocess.run([CUOBJDUMP, "-sass", cubin.name], capture_output=True, text=True, check=True).stdout
+
+
+def per_element(compiled, elements_per_program: int) -> tuple[float, Counter]:
+    """Static SASS instructions per element, and per opcode."""
+    ops = Counter()
+    sass = sass_of(compiled)
     for line in sass.splitlines():
         if m := _INSTRUCTION.match(line):
             ops[m.group(1).split(".")[0]] += 1
@@ -57,7 +68,19 @@ def per_element(compiled, elements_per_program: int) -> tuple[float, Counter]:
     return sum(ops.values()) * threads / elements_per_program, ops
 
 
+def fingerprints() -> None:
+    """A hash of each variant's SASS (instructions and their encodings, in order): where a refactor changes the
+    PTX only in ways ptxas erases (an inlined call's empty label), the code the GPU runs is unchanged."""
+    for name, kernel, constexprs, options, pointers in variants():
+        code = "\n".join(line for line in sass_of(compile_kernel(kernel, constexprs, options, pointers)).splitlines()
+                         if _INSTRUCTION.match(line))  # fmt: skip
+        print(f"{name}: {hashlib.sha256(code.encode()).hexdigest()[:16]} ({len(code)} chars)")
+
+
 def main() -> None:
+    if "--fingerprint" in sys.argv:
+        fingerprints()
+        return
     print(f"triton {triton.__version__}, sm_90, bf16 in, MXFP4 out; per program: warps, elements;")
     print("per thread: registers, stack bytes; shared memory bytes, barriers; instructions per element")
     for name, kernel, constexprs, options, pointers in variants():

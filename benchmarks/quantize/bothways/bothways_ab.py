@@ -16,7 +16,9 @@ Xᵀ for wgrad column-wise (``prepare_operand(x.t(), ...)`` -> ``ops.quantize_2d
   the source (plus a read of the packed rows);
 - ``fused``: the prototype (``kernel.py``), folded rows and packed columns from one
   read, a key per orientation, bit for bit the split's outputs; ``fused w8``: the same with 256-wide chunks and
-  8 warps a program, so half as many row strips wait in L2 between the two passes for the same warps per SM.
+  8 warps a program, so half as many row strips wait in L2 between the two passes for the same warps per SM;
+  ``fused staged``: the first pass also writes the rows as packed MXFP4 and the second folds those (a quarter
+  of the bytes wait in L2, no second Hadamard; the scratch is written to DRAM in the end).
 
 Checks first, on the device, bit for bit: ``both``'s rows and columns against ``quantize_mx_triton`` with axis 1
 and 0 (stochastic rounding: the same key gives the same Philox stream at the same offsets), ``both+fold``'s
@@ -86,6 +88,7 @@ VARIANT_BYTES = {  # bytes read and written per element (E8M0 scales 1/32 a byte
     "both+fold": 2 + 2 * (0.5 + 1 / 32) + (0.5 + 1 / 32) + 1,  # the fold reads the packed rows back
     "fused": 2 + 1 + 0.5 + 1 / 32,  # the second pass over a row strip reads it from L2
     "fused w8": 2 + 1 + 0.5 + 1 / 32,
+    "fused staged": 2 + 1 + 2 * (0.5 + 1 / 32),  # the packed rows: written, read back from L2
 }
 TIMED = tuple(VARIANT_BYTES)  # split first: the savings are against it
 
@@ -157,13 +160,15 @@ class Case:
         row, col = self.both(x, key)
         return fold_to_fp8(row), col
 
-    def fused(self, x, block_n=None, **scores):
+    def fused(self, x, **options):
         keys = dict(row_seed=self.row_key, col_seed=self.col_key)
-        return quantize_fold_rows_and_cols(x, block_n=block_n, **keys, **self.options, **scores)
+        return quantize_fold_rows_and_cols(x, **keys, **self.options, **options)
 
     def variants(self) -> dict:
         fused_w8 = functools.partial(self.fused, block_n=WIDE_BLOCK_N if self.n >= WIDE_BLOCK_N else None)
-        return {"split": self.split, "both": self.both, "both+fold": self.both_fold, "fused": self.fused, "fused w8": fused_w8}  # fmt: skip
+        staged = functools.partial(self.fused, staged=True)
+        return {"split": self.split, "both": self.both, "both+fold": self.both_fold, "fused": self.fused,
+                "fused w8": fused_w8, "fused staged": staged}  # fmt: skip
 
 
 def same_mx(a, b) -> dict[str, bool]:
@@ -201,6 +206,12 @@ def check_case(case: Case, device: torch.device, scores: bool) -> list[dict]:
             comparisons["fused w8 = fused"] = {
                 **same_folded(wide.folded, fused.folded),
                 **same_mx(wide.cols, fused.cols),
+            }
+            staged = case.fused(x, staged=True)
+            comparisons["fused staged = fused, its packed rows = quantize_mx_triton(axis=1)"] = {
+                **same_folded(staged.folded, fused.folded),
+                **same_mx(staged.cols, fused.cols),
+                **{f"packed {k}": v for k, v in same_mx(staged.packed_rows, want_rows).items()},
             }
             if scores:
                 # OE-left's dgrad scores dY's rows, OE-right's wgrad scores Xᵀ's rows (X's columns)

@@ -3,7 +3,8 @@ spills (stack bytes) and static SASS instructions per element, against what it r
 kernel plus ``quantize_mx_triton(axis=0)``'s column kernel at the same shape and options.
 
 Compiled with Triton's bundled ``ptxas``, pointers and integer arguments specialized as multiples of 16, as the
-JIT does at training shapes. The prototype loops over a row strip twice, so its static count is one chunk of
+JIT does at training shapes, at 128- and 256-wide chunks (4 and 8 warps), reading the source twice or
+``staged`` (the second pass from the packed rows). The prototype loops over a row strip twice, so its static count is one chunk of
 each pass (plus the prologue, counted as if per chunk: a slight overestimate) over the chunk's 32 x ``BLOCK_N``
 elements; both sides of the fold's branch are counted, as ``sass_counts.py`` does. Use the GPU machine's
 Triton (3.6.0 on the H200) or CI's:
@@ -34,7 +35,7 @@ BOTHWAYS_TYPES = {
     "x_ptr": "*i16", "signs_ptr": "*fp32", "out_ptr": "*u8", "row_scale_ptr": "*i32", "lossy_ptr": "*i32",
     "row_score_ptr": "*fp32", "col_data_ptr": "*i32", "col_scale_ptr": "*u8", "col_score_ptr": "*i32",
     "M": "i32", "N": "i32", "m_padded": "i32", "row_seed_ptr": "*i64", "col_seed_ptr": "*i64",
-    "row_hadamard_scale": "fp32", "col_hadamard_scale": "fp32",
+    "row_hadamard_scale": "fp32", "col_hadamard_scale": "fp32", "packed_ptr": "*i32", "packed_scale_ptr": "*u8",
 }  # fmt: skip
 # (label, row length, rounding, row scores, column scores): X as the forward (IHT) and wgrad (IHT, or OE-right,
 # which scores Xᵀ's rows) take it; dY as dgrad (IHT, or OE-left: scores) and wgrad take it.
@@ -50,11 +51,17 @@ def spec(rounding: str, scores: bool):
     return quantize_spec(torch.bfloat16, True, "mxfp4", 32, "floor", rounding, 32, False, scores)
 
 
-def bothways(n: int, rounding: str, row_scores: bool, col_scores: bool, max_registers: int | None, block_n: int):
-    constexprs = dict(STRIDE_M=n, BLOCK_N=block_n, MASKED=False, ROW_SPEC=spec(rounding, row_scores),
+def bothways(n: int, rounding: str, row_scores: bool, col_scores: bool, block_n: int, staged: bool):
+    constexprs = dict(STRIDE_M=n, BLOCK_N=block_n, MASKED=False, STAGED=staged, ROW_SPEC=spec(rounding, row_scores),
                       COL_SPEC=spec(rounding, col_scores))  # fmt: skip
-    constexprs |= {name: None for name, on in (("row_score_ptr", row_scores), ("col_score_ptr", col_scores)) if not on}
-    options = {"num_warps": block_n // 32} | ({"maxnreg": max_registers} if max_registers else {})
+    unused = {
+        "row_score_ptr": row_scores,
+        "col_score_ptr": col_scores,
+        "packed_ptr": staged,
+        "packed_scale_ptr": staged,
+    }
+    constexprs |= {name: None for name, on in unused.items() if not on}
+    options = {"num_warps": block_n // 32}
     return compile_for_sm90(_fold_rows_and_cols_kernel, BOTHWAYS_TYPES, constexprs, options), 32 * block_n
 
 
@@ -101,10 +108,11 @@ def main() -> None:
             split += per_elem
             print(line, flush=True)
         print(f"  {'split total':<44} {split:52.2f} instr/elem")
-        for max_registers, block_n in ((None, CUDA_BLOCK_N), (128, CUDA_BLOCK_N), (None, 2 * CUDA_BLOCK_N)):
-            compiled, elements = bothways(n, rounding, row_scores, col_scores, max_registers, block_n)
-            name = f"one read, both ways, BLOCK_N {block_n}{f' maxnreg {max_registers}' if max_registers else ''}"
-            print(describe(name, compiled, elements)[0], flush=True)
+        for staged in (False, True):
+            for block_n in (CUDA_BLOCK_N, 2 * CUDA_BLOCK_N):
+                compiled, elements = bothways(n, rounding, row_scores, col_scores, block_n, staged)
+                name = f"one read, both ways{', staged' * staged}, BLOCK_N {block_n}"
+                print(describe(name, compiled, elements)[0], flush=True)
 
 
 if __name__ == "__main__":

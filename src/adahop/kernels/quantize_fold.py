@@ -122,7 +122,6 @@ def store_folded_blocks(
     """Encode, fold against the rows' reference exponents ``ref`` ([R]; None: ``row_reference`` of these
     blocks, whole rows) and store ``blocks`` of ``rows``; returns ``ref`` and each row's count of elements
     that lost bits in these blocks."""
-    BLOCK_M: tl.constexpr = rows.shape[0]
     # Magnitude codes (sign weight 0), with Philox counters as in the packed layout (call c draws
     # the noise of elements 16c..16c+15), so the noise, and so the codes, are those of quantize_mx_triton.
     call0 = rows.to(tl.int64)[:, None] * (N // 16) + (blocks * 2)[None, :]
@@ -133,7 +132,19 @@ def store_folded_blocks(
     m2 = row_codes(v2, inv_scale, limit, 0, noise2, SPEC)
     m3 = row_codes(v3, inv_scale, limit, 0, noise3, SPEC)
     n0, n1, n2, n3 = sign_bit(v0), sign_bit(v1), sign_bit(v2), sign_bit(v3)
+    return store_folded_codes(
+        m0, m1, m2, m3, n0, n1, n2, n3, sign_weight, scale_codes, ref, rows, blocks, M, N, out_ptr
+    )
 
+
+@triton.jit
+def store_folded_codes(
+    m0, m1, m2, m3, n0, n1, n2, n3, sign_weight, scale_codes, ref, rows, blocks, M, N, out_ptr
+):  # fmt: skip
+    """Fold and store four slices' E2M1 magnitude codes ``m0..m3`` with their sign bits ``n0..n3``
+    ([R, NB, 8] each, uint32) against ``ref`` (as ``store_folded_blocks``); returns ``ref`` and each
+    row's count of elements that lost bits."""
+    BLOCK_M: tl.constexpr = rows.shape[0]
     row_ok = rows < M
     valid = row_ok[:, None] & (blocks < N // 32)[None, :]
     codes = scale_codes.to(tl.int32)

@@ -57,6 +57,21 @@ def _quantize_rows_kernel(
     if SPEC.scores:  # a row spans programs along N
         record_scores(score_ptr, rows, score, rows < M)
 
+    store_row_words(
+        v0, v1, v2, v3, inv_scale, limit, sign_weight, scale_codes, rows, blocks, M, n_padded, seed, data_ptr,
+        scale_ptr, SPEC,
+    )  # fmt: skip
+
+
+@triton.jit
+def store_row_words(
+    v0, v1, v2, v3, inv_scale, limit, sign_weight, scale_codes, rows, blocks, M, n_padded, seed, data_ptr, scale_ptr,
+    SPEC: tl.constexpr,
+):  # fmt: skip
+    """Encode ``row_blocks``' outputs and store them as row-wise MXFP4: four 32-bit words per block (one
+    16-byte store) and its E8M0 code, at ``rows`` and ``blocks`` of a [M, n_padded] operand."""
+    BLOCK_M: tl.constexpr = rows.shape[0]
+    NB: tl.constexpr = blocks.shape[0]
     # Word w of a row holds elements 8w..8w+7; Philox call c draws the noise of elements 16c..16c+15.
     n_blocks = n_padded // 32
     word0 = rows.to(tl.int64)[:, None] * (n_padded // 8) + (blocks * 4)[None, :]
