@@ -53,7 +53,7 @@ sys.path.insert(0, str(QUANTIZE))  # benchmarks/quantize: the bothways and epilo
 import torch  # noqa: E402
 
 from adahop.atomic import write_atomic  # noqa: E402
-from adahop.bench.common import environment, graph_seconds_per_launch  # noqa: E402
+from adahop.bench.common import copy_gb_per_s, environment, graph_seconds_per_launch  # noqa: E402
 from adahop.kernels.fold import fold_to_fp8  # noqa: E402
 from adahop.kernels.quantize import quantize_mx_triton, quantize_mx_triton_both  # noqa: E402
 from adahop.kernels.quantize_fold import quantize_fold_fp8  # noqa: E402
@@ -259,12 +259,16 @@ def time_case(case: Case, repeats: int, on_cuda: bool) -> dict:
     return row
 
 
-def per_step(timings: list[dict], plans: dict) -> dict:
-    """Per plan and variant: the saving per step (ms) over the timed shapes, and the calls of untimed shapes."""
+def per_step(timings: list[dict], plans: dict, copy_bandwidth: float | None = None) -> dict:
+    """Per plan and variant: the saving per step (ms) over the timed shapes, the calls of untimed shapes, and
+    (given the copy bandwidth, GB/s) the bound: one read of every call's bf16 source saved at copy bandwidth."""
     by_shape = {f"{r['operand']} {r['n']}": r for r in timings}
     totals = {}
     for label, plan in plans.items():
         entry = dict(calls=plan["calls"], untimed=[s for s in plan["calls"] if s not in by_shape], saving_ms={})
+        if copy_bandwidth:
+            source_bytes = sum(2 * TOKENS * int(s.split()[1]) * c for s, c in plan["calls"].items())
+            entry["bound_ms"] = source_bytes / (copy_bandwidth * 1e9) * 1e3
         for variant in TIMED[1:]:
             savings = [r[variant]["saving_us"] * plan["calls"][s] for s, r in by_shape.items() if variant in r and s in plan["calls"]]  # fmt: skip
             if savings:
@@ -297,16 +301,15 @@ def table(timings: list[dict], steps: dict) -> str:
         calls = ", ".join(f"{s}: {c}" for s, c in entry["calls"].items())
         saved = ", ".join(f"{v} {ms:.2f} ms" for v, ms in entry["saving_ms"].items())
         untimed = f"; untimed shapes: {', '.join(entry['untimed'])}" if entry["untimed"] else ""
-        lines.append(f"\n{label} (adahop_lv2 compile+graph): calls per step {{{calls}}}; saving per step: {saved}{untimed}")  # fmt: skip
+        bound = f"; bound (one read saved at copy bandwidth) {entry['bound_ms']:.2f} ms" if "bound_ms" in entry else ""
+        lines.append(f"\n{label} (adahop_lv2 compile+graph): calls per step {{{calls}}}; saving per step: {saved}{untimed}{bound}")  # fmt: skip
     return "\n".join(lines)
 
 
 def run(args) -> int:
     start = time.perf_counter()
     device = torch.device("cpu" if DRY else "cuda")
-    info = dict(
-        environment(), commit=os.environ.get("ADAHOP_COMMIT", ""), prototype=quantize_fold_rows_and_cols is not None
-    )
+    info = dict(environment(), commit=os.environ.get("ADAHOP_COMMIT", ""))
     print(info, flush=True)
     out = Path(args.out) if args.out else None
     plans = plan_calls(QUANTIZE.parents[1])
@@ -331,6 +334,9 @@ def run(args) -> int:
         results["per_step"] = per_step(results["timings"], plans)
         save()
         del case
+    if device.type == "cuda":  # what a step could save at most: one read of each source, at copy bandwidth
+        results["copy_gb_per_s"] = copy_gb_per_s()
+        results["per_step"] = per_step(results["timings"], plans, results["copy_gb_per_s"])
     return finish(results, out, time.perf_counter() - start)
 
 
