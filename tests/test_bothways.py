@@ -108,6 +108,23 @@ def test_fusion_calls_follow_the_plan():
     assert calls == {("X", 2048): 3, ("dY", 2048): 2, ("dY", 512): 2, ("dY", 8192): 2}
 
 
+def test_a_variant_that_fails_is_recorded_and_the_others_are_timed():
+    from bothways.bothways_ab import VARIANT_BYTES, table, time_case
+
+    class FakeCase:  # time_case's view of a case; one variant raises, as a kernel that fails to compile would
+        label, operand, n, m, rounding, inputs = "X 4x32", "X", 32, 4, "nearest", [torch.zeros(4, 32)]
+
+        def variants(self):
+            def fail(x):
+                raise RuntimeError("out of resources")
+
+            return {name: (fail if name == "fused" else torch.clone) for name in VARIANT_BYTES}
+
+    row = time_case(FakeCase(), repeats=1, on_cuda=False)
+    assert "out of resources" in row["fused"]["error"] and "saving_us" in row["fused w8"]
+    assert "| failed |" in table([row], {})
+
+
 @pytest.mark.slow  # about a minute in the interpreter: three cases' checks (34) and timings
 def test_gpu_script_dry_run_is_bit_exact(tmp_path):
     env = {**os.environ, "TRITON_INTERPRET": "1"}

@@ -242,19 +242,29 @@ def time_case(case: Case, repeats: int, on_cuda: bool) -> dict:
         name: [lambda f=f, x=case.inputs[i % len(case.inputs)]: f(x) for i in range(calls)]
         for name, f in variants.items()
     }
-    times = {name: [] for name in variants}
+    times, failed = {name: [] for name in variants}, {}
     with torch.no_grad():
         for name in (*variants, *reversed(variants)):
-            times[name] += graph_seconds_per_launch(launches[name], repeats, on_cuda)
+            if name in failed:
+                continue
+            try:
+                times[name] += graph_seconds_per_launch(launches[name], repeats, on_cuda)
+            except Exception as error:  # recorded; the other variants are still timed
+                failed[name] = repr(error)[:500]
+                print(f"time {case.label} {name} failed: {failed[name]}", flush=True)
     row = dict(case=case.label, operand=case.operand, n=case.n, rounding=case.rounding, hadamard=HADAMARD)
+    row.update({name: dict(error=error) for name, error in failed.items()})
     elements = case.m * case.n
     for name, ts in times.items():
+        if name in failed:
+            continue
         us = [t * 1e6 for t in ts]
         row[name] = dict(median_us=statistics.median(us), min_us=min(us), max_us=max(us))
         row[name]["bytes"] = VARIANT_BYTES[name] * elements
         row[name]["tb_per_s"] = row[name]["bytes"] / (row[name]["median_us"] * 1e-6) / 1e12
     for name in list(variants)[1:]:
-        row[name]["saving_us"] = row["split"]["median_us"] - row[name]["median_us"]
+        if "split" not in failed and name not in failed:
+            row[name]["saving_us"] = row["split"]["median_us"] - row[name]["median_us"]
     print(f"time {row}", flush=True)
     return row
 
@@ -270,7 +280,8 @@ def per_step(timings: list[dict], plans: dict, copy_bandwidth: float | None = No
             source_bytes = sum(2 * TOKENS * int(s.split()[1]) * c for s, c in plan["calls"].items())
             entry["bound_ms"] = source_bytes / (copy_bandwidth * 1e9) * 1e3
         for variant in TIMED[1:]:
-            savings = [r[variant]["saving_us"] * plan["calls"][s] for s, r in by_shape.items() if variant in r and s in plan["calls"]]  # fmt: skip
+            savings = [r[variant]["saving_us"] * plan["calls"][s] for s, r in by_shape.items()
+                       if "saving_us" in r.get(variant, {}) and s in plan["calls"]]  # fmt: skip
             if savings:
                 entry["saving_ms"][variant] = sum(savings) / 1e3
         totals[label] = entry
@@ -278,7 +289,9 @@ def per_step(timings: list[dict], plans: dict, copy_bandwidth: float | None = No
 
 
 def us(v: dict) -> str:
-    """Median [min, max] microseconds."""
+    """Median [min, max] microseconds ("failed" for a variant that did not run, "-" for one not in this run)."""
+    if "median_us" not in v:
+        return "failed" if "error" in v else "-"
     return f"{v['median_us']:.1f} [{v['min_us']:.1f}, {v['max_us']:.1f}]"
 
 
@@ -291,11 +304,11 @@ def table(timings: list[dict], steps: dict) -> str:
         "|---|---|---:|" + "---:|" * len(variants) + "---:|---:|",
     ]
     for r in timings:
-        cells = " | ".join(us(r[v]) if v in r else "-" for v in variants)
-        savings = " / ".join(f"{r[v]['saving_us']:.1f}" if v in r else "-" for v in variants)
+        cells = " | ".join(us(r.get(v, {})) for v in variants)
+        savings = " / ".join(f"{r[v]['saving_us']:.1f}" if "saving_us" in r.get(v, {}) else "-" for v in variants)
         lines.append(
             f"| {r['case']} | {r['rounding']}, {r['hadamard']} | {us(r['split'])} | {cells} | {savings} | "
-            f"{r['split']['tb_per_s']:.2f} |"
+            f"{r['split'].get('tb_per_s', 0):.2f} |"
         )
     for label, entry in steps.items():
         calls = ", ".join(f"{s}: {c}" for s, c in entry["calls"].items())
