@@ -65,7 +65,7 @@ TOKENS = 8 * 2048  # llama3_1b at 8 x 2048
 # first three are the shapes the decision needs (w1/w3/wq/wo's X, w1/w3's dY, wq/wo/w2's dY); then w2's X and
 # wk/wv's dY, which complete the step's count.
 CASES = (("X", 2048), ("dY", 8192), ("dY", 2048), ("X", 8192), ("dY", 512))
-DRY_CASES = (("X", 64), ("dY", 128), ("dY", 32))
+DRY_CASES = (("X", 64), ("dY", 32))  # one case per rounding: the plumbing (the kernels have their own tests)
 DRY_TOKENS = 64  # two blocks of 32 down each column
 ROUNDING = {"X": "nearest", "dY": "stochastic"}  # GemmConfig.act / .saved round to nearest, .grad stochastically
 HADAMARD = 32  # every strategy of the lv2 plans but BF16 rotates (IHT, OE-left, OE-right)
