@@ -96,7 +96,8 @@ def stage(preset: str, overrides: dict, hb: int, device: torch.device, repeats: 
         **{name: [plan.launch] for name, plan in plans.items()},
     }
     ms = {name: [] for name in variants}
-    for name in (*variants, *reversed(variants)):  # A B C D D C B A
+    order = tuple(variants) if DRY else (*variants, *reversed(variants))  # A B C D D C B A on the GPU
+    for name in order:
         per_launch = graph_seconds_per_launch(variants[name], repeats, device.type == "cuda")
         ms[name] += [1e3 * s * len(variants[name]) for s in per_launch]
     elements = sum(x.numel() for x in tensors)
