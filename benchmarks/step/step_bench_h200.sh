@@ -2,7 +2,7 @@
 # Issue 30's step bench on one H200 in one GPU call (<= 600 s): optionally the GPU tests first, then
 # `adahop bench --only step` on one case, every recipe of RECIPES in its fastest mode (compile + CUDA
 # graphs, else compile; a mode that fails stays in the table), with the preparation roofline of every
-# adahop run. The calls, in order, with their expected times: benchmarks/step/PLAN-issue30.md.
+# adahop run. The commands of the committed runs: each result folder's README.md.
 #
 # Run from the repository root on the GPU machine, carrying .whl (the torchao wheel for the float8 peers;
 # without it their rows say "torchao is not installed"):
