@@ -9,7 +9,17 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from adahop import ops
 from adahop.bench import roofline
-from adahop.bench.step import DRY_RUN, Case, Kernel, gpu_idle, idle_markdown, markdown, memory_markdown, run
+from adahop.bench.step import (
+    DRY_RUN,
+    LONGEST_GAPS,
+    Case,
+    Kernel,
+    gpu_idle,
+    idle_markdown,
+    markdown,
+    memory_markdown,
+    run,
+)
 from adahop.nn import AdaHOPLinear
 from adahop.policy.strategies import LayerPlan
 
@@ -195,14 +205,14 @@ def test_gpu_idle_takes_the_union_of_kernels_and_splits_gaps_by_their_neighbours
     """Two streams overlapping, back-to-back kernels, gaps beside a preparation kernel and not, short
     and long; the input in any order. Times in us, results in ms."""
     kernels = [
-        Kernel(0, 10, False),  # stream A
-        Kernel(4, 12, False),  # stream B, overlapping: busy [0, 12]
-        Kernel(12, 20, False),  # back to back: no gap
-        Kernel(23, 30, True),  # 3 us gap, a preparation kernel after it
-        Kernel(38, 40, False),  # 8 us gap (long), a preparation kernel before it
-        Kernel(42, 50, False),  # 2 us gap, no preparation kernel beside it
-        Kernel(45, 60, False),
-        Kernel(66, 70, False),  # 6 us gap (long), none beside it
+        Kernel(0, 10, False, "a"),  # stream A
+        Kernel(4, 12, False, "b"),  # stream B, overlapping: busy [0, 12]
+        Kernel(12, 20, False, "c"),  # back to back: no gap
+        Kernel(23, 30, True, "quantize"),  # 3 us gap, a preparation kernel after it
+        Kernel(38, 40, False, "d"),  # 8 us gap (long), a preparation kernel before it
+        Kernel(42, 50, False, "e"),  # 2 us gap, no preparation kernel beside it
+        Kernel(45, 60, False, "f"),  # outlasts e: the kernel before the next gap
+        Kernel(66, 70, False, "g"),  # 6 us gap (long), none beside it
     ]
     assert gpu_idle(kernels[::-1]) == {
         "gpu_span_ms": 70 / 1e3,
@@ -213,6 +223,10 @@ def test_gpu_idle_takes_the_union_of_kernels_and_splits_gaps_by_their_neighbours
         "gpu_gaps": 4,
         "gpu_long_gaps": 2,
         "gpu_idle_long_gaps_ms": 14 / 1e3,
+        "gpu_longest_gaps": [  # longest first, where each starts from the step's first kernel
+            {"ms": 8 / 1e3, "at_ms": 30 / 1e3, "after": "quantize", "before": "d"},
+            {"ms": 6 / 1e3, "at_ms": 60 / 1e3, "after": "f", "before": "g"},
+        ],
     }
     # before a gap, the kernel that ends last counts: a preparation kernel inside a longer one does not
     inside = gpu_idle([Kernel(0, 20, False), Kernel(5, 10, True), Kernel(25, 30, False)])
@@ -220,18 +234,22 @@ def test_gpu_idle_takes_the_union_of_kernels_and_splits_gaps_by_their_neighbours
     outlasting = gpu_idle([Kernel(0, 10, False), Kernel(5, 20, True), Kernel(25, 30, False)])
     assert outlasting["gpu_idle_next_to_preparation_ms"] == 5 / 1e3 and outlasting["gpu_idle_other_ms"] == 0
     assert gpu_idle([]) == {}  # the CPU: no kernels
+    # only the LONGEST_GAPS longest are named
+    many = gpu_idle([Kernel(100 * i, 100 * i + 90 - i, False, str(i)) for i in range(LONGEST_GAPS + 3)])
+    assert [g["before"] for g in many["gpu_longest_gaps"]] == [str(i) for i in range(LONGEST_GAPS + 2, 2, -1)]
 
 
 def test_idle_table_lists_runs_with_kernels_only():
-    timeline = gpu_idle([Kernel(0, 1000, True), Kernel(1010, 3000, False)])
+    timeline = gpu_idle([Kernel(0, 1000, True, "quantize"), Kernel(1010, 3000, False, "gemm")])
     runs = {
         "bf16/eager": {"step_ms": 3.5, "profile": {"cuda_ms": 2.99} | timeline},
         "bf16/graph": {"error": "RuntimeError: no graph"},
         "adahop_lv2/eager": {"step_ms": 4.0, "profile": {"cuda_ms": 0.0}},  # the CPU
     }
     text = idle_markdown({"cases": {"tiny": {"runs": runs}}})
-    assert text[-1] == "| tiny | bf16/eager | 3.5 | 3.0 | 3.0 | 0.01 | 0.01 | 1 | 1 / 0.01 |"
-    assert "| gaps > 5 us: n / ms |" in text[-3] and len(text) == 6
+    assert text[5] == "| tiny | bf16/eager | 3.5 | 3.0 | 3.0 | 0.01 | 0.01 | 1 | 1 / 0.01 |"
+    assert "| gaps > 5 us: n / ms |" in text[3] and len(text) == 10
+    assert text[-1] == "- tiny bf16/eager: 0.01 at 1.0 (`quantize` -> `gemm`)"
     assert idle_markdown({"cases": {"tiny": {"runs": {"adahop_lv2/eager": runs["adahop_lv2/eager"]}}}}) == []
 
 

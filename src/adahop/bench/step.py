@@ -158,45 +158,55 @@ LONG_GAP_US = 5.0
 
 
 class Kernel(NamedTuple):
-    """One device kernel of the profiled step: when it ran (us) and whether it prepares operands."""
+    """One device kernel of the profiled step: when it ran (us), whether it prepares operands, its name."""
 
     start_us: float
     end_us: float
     preparation: bool  # ``roofline.kernel_family(name) is not None``
+    name: str = ""
 
 
-def gpu_idle(kernels: list[Kernel]) -> dict[str, float | int]:
+# How many of a step's longest gaps the profile names (with the kernels on either side).
+LONGEST_GAPS = 8
+
+
+def gpu_idle(kernels: list[Kernel]) -> dict:
     """Where the step's device time goes between kernels: why the wall step exceeds the summed
     kernel time. ``gpu_span_ms``: first start to last end; ``gpu_busy_ms``: the union of the kernels'
     intervals (kernels on several streams overlap: the summed ``cuda_ms`` counts them twice);
     ``gpu_idle_ms``: span - busy, split into gaps with a preparation kernel just before (the one
     that ends last) or just after (the next to start) and the rest; the number of gaps, and of those
-    over ``LONG_GAP_US`` with their idle time. Fewer launches can remove the short gaps only.
-    No kernels (the CPU): ``{}``."""
+    over ``LONG_GAP_US`` with their idle time; ``gpu_longest_gaps``: the ``LONGEST_GAPS`` longest, each
+    with where it falls in the step and the kernels it lies between, which say what the GPU waited
+    for. Fewer launches can remove the short gaps only. No kernels (the CPU): ``{}``."""
     if not kernels:
         return {}
     ordered = sorted(kernels)
-    start, end, before_is_preparation = ordered[0]
+    first = ordered[0]
+    start, end, last = first.start_us, first.end_us, first  # ``last``: the kernel that ends last so far
     busy = idle_preparation = idle_other = idle_long = 0.0
     gaps = long_gaps = 0
+    longest = []
     for kernel in ordered[1:]:
         if kernel.start_us > end:  # a gap: close the busy interval
             gap = kernel.start_us - end
             busy += end - start
             gaps += 1
-            if before_is_preparation or kernel.preparation:
+            if last.preparation or kernel.preparation:
                 idle_preparation += gap
             else:
                 idle_other += gap
             if gap > LONG_GAP_US:
                 long_gaps += 1
                 idle_long += gap
-            start, end, before_is_preparation = kernel
+                longest.append((gap, end - first.start_us, last.name, kernel.name))
+            start, end, last = kernel.start_us, kernel.end_us, kernel
         elif kernel.end_us > end:
-            end, before_is_preparation = kernel.end_us, kernel.preparation
+            end, last = kernel.end_us, kernel
     busy += end - start
+    longest.sort(key=lambda g: -g[0])
     return {
-        "gpu_span_ms": (end - ordered[0].start_us) / 1e3,
+        "gpu_span_ms": (end - first.start_us) / 1e3,
         "gpu_busy_ms": busy / 1e3,
         "gpu_idle_ms": (idle_preparation + idle_other) / 1e3,
         "gpu_idle_next_to_preparation_ms": idle_preparation / 1e3,
@@ -204,6 +214,10 @@ def gpu_idle(kernels: list[Kernel]) -> dict[str, float | int]:
         "gpu_gaps": gaps,
         "gpu_long_gaps": long_gaps,
         "gpu_idle_long_gaps_ms": idle_long / 1e3,
+        "gpu_longest_gaps": [
+            {"ms": gap / 1e3, "at_ms": at / 1e3, "after": after, "before": before}
+            for gap, at, after, before in longest[:LONGEST_GAPS]
+        ],
     }
 
 
@@ -243,7 +257,7 @@ def _profile(step, device: torch.device) -> dict:
     kernels.sort(key=lambda k: -k["ms"])
     host.sort(key=lambda h: -h["self_cpu_ms"])
     timeline = [
-        Kernel(evt.time_range.start, evt.time_range.end, roofline.kernel_family(evt.key) is not None)
+        Kernel(evt.time_range.start, evt.time_range.end, roofline.kernel_family(evt.key) is not None, evt.key[:100])
         for evt in prof.events()
         if _is_kernel(evt) and evt.time_range.end > evt.time_range.start
     ]
@@ -692,10 +706,15 @@ def memory_markdown(step: dict) -> list[str]:
     ]
 
 
+# The idle table names each run's longest gaps, kernel names cut to this many characters.
+LISTED_GAPS = 3
+NAME_CHARS = 48
+
+
 def idle_markdown(step: dict) -> list[str]:
     """The profiled step's GPU span, busy and idle time beside the wall step, every run with kernels
     (none on the CPU: no table)."""
-    rows = []
+    rows, longest = [], []
     for key, case in step["cases"].items():
         for name, r in case["runs"].items():
             if "error" in r or "gpu_span_ms" not in (p := r["profile"]):
@@ -705,6 +724,12 @@ def idle_markdown(step: dict) -> list[str]:
                 f"{p['gpu_idle_ms']:.2f} | {p['gpu_idle_next_to_preparation_ms']:.2f} | {p['gpu_gaps']} | "
                 f"{p['gpu_long_gaps']} / {p['gpu_idle_long_gaps_ms']:.2f} |"
             )
+            gaps = "; ".join(
+                f"{g['ms']:.2f} at {g['at_ms']:.1f} (`{g['after'][:NAME_CHARS]}` -> `{g['before'][:NAME_CHARS]}`)"
+                for g in p.get("gpu_longest_gaps", [])[:LISTED_GAPS]
+            )
+            if gaps:
+                longest.append(f"- {key} {name}: {gaps}")
     if not rows:
         return []
     return [
@@ -719,4 +744,9 @@ def idle_markdown(step: dict) -> list[str]:
         f"gaps > {LONG_GAP_US:g} us: n / ms |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
         *rows,
+        *(
+            ["", "The longest gaps of each run (ms, at ms into the step, the kernel before -> after):", "", *longest]
+            if longest
+            else []
+        ),
     ]
