@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from adahop.models import MODEL_PRESETS
-from adahop.policy import ModelPlan
+from adahop.policy import LayerPlan, ModelPlan
 from adahop.policy.strategies import get_table
 from adahop.recipes import RECIPES
 from adahop.train import (
@@ -333,6 +333,65 @@ def test_cli_run_refuses_to_overwrite_then_resumes_from_saved_config(small_overr
     assert main(["--out", str(run), "--resume", "--steps", "5"]) == 0
     assert [r["step"] for r in read_metrics(run) if r["kind"] == "train"] == [1, 2, 3, 4, 5]
     assert load_config(run / "config.toml").training.steps == 5
+
+
+def test_a_saved_plan_freezes_every_layer_from_step_0_and_resumes_without_its_file(small_overrides, tmp_path, caplog):
+    """training.plan: no calibration, the file's strategies in force (not a plan calibration could have
+    frozen: every layer IHT/BF16/IHT), logged and saved as the run's plan; a resume takes the checkpoint's."""
+    plan = ModelPlan(
+        {
+            f"layers.{i}.{part}.{w}": LayerPlan("iht", "bf16", "iht")
+            for i in range(SMALL_MODEL["n_layers"])
+            for part, names in (("attention", ("wq", "wk", "wv", "wo")), ("feed_forward", ("w1", "w2", "w3")))
+            for w in names
+        }
+    )
+    plan_file = tmp_path / "chosen.json"
+    plan.save(plan_file)
+    run = tmp_path / "run"
+    pairs = small_overrides(run, recipe="adahop_lv2", training__steps=3, training__plan=plan_file)
+    with caplog.at_level("INFO", logger="adahop"):
+        assert main(as_argv(pairs)) == 0
+    assert [r["phase"] for r in read_metrics(run) if r["kind"] == "train"] == ["frozen"] * 3
+    assert ModelPlan.load(run / "plan.json").to_json() == plan.to_json()
+    assert any(r.getMessage().startswith(f"strategy plan loaded from {plan_file}") for r in caplog.records)
+
+    plan_file.unlink()  # the checkpoint holds the plans
+    assert main(["--out", str(run), "--resume", "--steps", "4"]) == 0
+    model = build_model_from_config(load_config(run / "config.toml"))
+    assert load_checkpoint(run, model)["step"] == 4
+    assert {m.plan for m in model.modules() if getattr(m, "plan", None) is not None} == {
+        LayerPlan("iht", "bf16", "iht")
+    }
+
+
+@pytest.mark.parametrize(
+    "plan_text, extra, expected",
+    [
+        (None, {}, "chosen.json: No such file or directory (give an earlier run's plan.json)"),
+        ("{not json", {}, "training.plan: " + "{path}" + ": not a valid plan: bad JSON"),
+        (
+            '{"version": 1, "layers": {"layers.0.attention.wq": {"forward": "iht", "dgrad": "bf16", "wgrad": "iht"}}}',
+            {},
+            "plan has no entry for layers",
+        ),
+        ('{"version": 1, "layers": {}}', {"recipe": "bf16"}, "recipe bf16 fixes them itself"),
+    ],
+    ids=["missing", "corrupt", "another-model", "fixed-recipe"],
+)
+def test_an_unusable_plan_file_is_one_line_before_training(
+    plan_text, extra, expected, small_overrides, tmp_path, capsys
+):
+    plan_file = tmp_path / "chosen.json"
+    if plan_text is not None:
+        plan_file.write_text(plan_text)
+    run = tmp_path / "run"
+    with pytest.raises(SystemExit) as exit_info:
+        main(as_argv(small_overrides(run, training__plan=plan_file, **extra)))
+    assert exit_info.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "error: training.plan" in last and expected.replace("{path}", str(plan_file)) in last
+    assert not (run / "checkpoints").exists()
 
 
 def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(small_overrides, tmp_path):

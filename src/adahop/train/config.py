@@ -39,6 +39,7 @@ from typing import Any
 
 from ..data import EMBEDDED_SOURCE
 from ..models import ModelArgs, get_model_args
+from ..policy import ModelPlan
 from ..recipes import DEFAULT_RECIPE, Recipe, get_recipe
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -108,6 +109,10 @@ class TrainingConfig:
     # Opt-in, as torchao's float8 all-gather is: it reaches into FSDP2's internals (tested on torch 2.13,
     # gloo) and has not yet run on the GPU image's torch or on NCCL.
     fsdp_low_precision_all_gather: bool = False
+    # A plan.json (an earlier run's, or adahop.model_plan(model).save(path)) that freezes every layer from
+    # step 0 instead of calibrating: one plan across runs, seeds and rank counts (GPU runs of one seed can
+    # freeze different plans where a layer's patterns sit near a threshold). "" calibrates.
+    plan: str = ""
     # PyTorch's deterministic kernels (cuBLAS workspace, cuDNN, torch.use_deterministic_algorithms),
     # as torchtitan's debug.deterministic: two runs of one seed step alike on the GPU, somewhat slower.
     deterministic: bool = False
@@ -214,6 +219,11 @@ class TrainConfig:
             raise ConfigError(f"optim.betas must be in [0, 1), got {self.optim.betas}")
         if not 0 <= self.optim.min_lr_ratio <= 1:
             raise ConfigError(f"optim.min_lr_ratio must be in [0, 1], got {self.optim.min_lr_ratio}")
+        if self.training.plan and not self.recipe.adaptive:
+            raise ConfigError(
+                f"training.plan freezes a calibrating recipe's layers; recipe {self.recipe.name} fixes them itself "
+                "(drop training.plan, or pick an adahop_* recipe)"
+            )
         if self.training.device not in DEVICES:
             raise ConfigError(f"training.device={self.training.device!r} is not one of {', '.join(DEVICES)}")
         if self.training.compile:
@@ -376,6 +386,16 @@ def flatten(doc: dict[str, Any]) -> list[tuple[str, Any]]:
         else:
             pairs.append((key, value))
     return pairs
+
+
+def read_plan(path: str) -> ModelPlan:
+    """``training.plan``'s file, or one line saying why it cannot be used."""
+    try:
+        return ModelPlan.load(path)
+    except OSError as e:
+        raise ConfigError(f"training.plan={path}: {e.strerror or e} (give an earlier run's plan.json)") from None
+    except ValueError as e:
+        raise ConfigError(f"training.plan: {e}") from None
 
 
 def load_config(path: str | Path | None = None, overrides: list[tuple[str, Any]] = ()) -> TrainConfig:

@@ -45,7 +45,7 @@ from tqdm import tqdm
 
 from ..atomic import remove_stale_temp_files, write_atomic
 from ..models import num_params
-from ..nn import OsciReset, adahop_layers, model_plan, set_bf16_forward, weight_operands_cached
+from ..nn import OsciReset, adahop_layers, load_plan, model_plan, set_bf16_forward, weight_operands_cached
 from ..nn.compiling import compile_options, reserve_compiled_graphs
 from ..policy import NonFiniteTensorError
 from .builders import autocast_for, build_data, build_model_from_config, data_fingerprint, mean_loss, resolve_device
@@ -59,7 +59,7 @@ from .checkpoint import (
     training_state,
 )
 from .checkpoint_files import CHECKPOINT_DIR, checkpoint_path, latest_checkpoint, list_checkpoints, prune_checkpoints
-from .config import ConfigError, TrainConfig
+from .config import ConfigError, TrainConfig, read_plan
 from .distributed import (
     ParallelEnv,
     PeerFailedError,
@@ -139,6 +139,8 @@ class Trainer:
         # Rank 0 first: it renames unreadable checkpoints aside and fills the tokenizer cache.
         with main_rank_first(self.env):
             checkpoint = self._check_run_dir(resume)  # before the slow setup: every refusal comes first
+            # A fresh run freezes training.plan's plans; a resumed one keeps its checkpoint's.
+            plan = read_plan(cfg.training.plan) if cfg.training.plan and checkpoint is None else None
             # Model initialisation has its own seed; the global generators (stochastic rounding)
             # differ per rank, so ranks round their shares with independent noise.
             seed_everything(cfg.training.seed + cfg.training.rounding_seed_offset + self.env.rank)
@@ -179,8 +181,14 @@ class Trainer:
         self.named_layers = adahop_layers(self.model)
         self.layers = list(self.named_layers.values())
         self.tokens_per_step = cfg.data.batch_size * cfg.data.seq_len * cfg.training.grad_accum
+        if plan is not None:
+            try:
+                load_plan(self.model, plan)
+            except ValueError as e:  # a plan of another model or recipe
+                raise ConfigError(f"training.plan={cfg.training.plan}: {e}") from None
         self.step = 0
         self._plan_saved = self._compiled = self._plan_restored = False
+        self._plan_loaded = plan is not None  # training.plan's
         self.step_phase = self.phase  # the phase the latest step ran in (a freeze ends a calibrating step)
         self._graphed: GraphedMicroStep | None = None
         self._bf16_forward = False  # recipe.bf16_forward_after has switched the forward to BF16
@@ -365,7 +373,10 @@ class Trainer:
             log.info("strategy plan fixed by recipe %s: every one of %d layers runs %s", recipe, len(plan), strategies)
             return
         how = {"fixed": "fixed by the recipe", "frozen": "frozen"}[self.phase]
-        how = "restored from the checkpoint" if self._plan_restored else how
+        if self._plan_restored:
+            how = "restored from the checkpoint"
+        elif self._plan_loaded:
+            how = f"loaded from {self.cfg.training.plan}"
         log.info("strategy plan %s (step %d, recipe %s):\n%s", how, self.step, recipe, plan.summary())
 
     def _maybe_compile(self) -> None:
