@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime
 import math
 import platform
-import time
 
 import torch
 from torch import nn
@@ -16,38 +15,6 @@ def ms_of(fn, warmup: int = 25, rep: int = 100) -> float:
     from triton.testing import do_bench
 
     return do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
-
-
-def graph_seconds_per_launch(launches: list, repeats: int, on_cuda: bool) -> list[float]:
-    """Seconds per launch of each repeat: one CUDA graph of all ``launches`` (prepared kernel calls,
-    each on its own inputs, so no call finds another's output in L2) replayed under CUDA events; the
-    wall clock off CUDA (the interpreter)."""
-    if not on_cuda:
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            for launch in launches:
-                launch()
-            times.append((time.perf_counter() - start) / len(launches))
-        return times
-    for launch in launches:  # compile and allocate outside the capture
-        launch()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for launch in launches:
-            launch()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3 / len(launches))
-    return times
 
 
 def geomean(values: list[float]) -> float:
