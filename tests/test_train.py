@@ -335,7 +335,9 @@ def test_cli_run_refuses_to_overwrite_then_resumes_from_saved_config(small_overr
     assert load_config(run / "config.toml").training.steps == 5
 
 
-def test_a_saved_plan_freezes_every_layer_from_step_0_and_resumes_without_its_file(small_overrides, tmp_path, caplog):
+def test_a_saved_plan_freezes_every_layer_from_step_0_and_resumes_without_its_file(
+    small_overrides, tmp_path, caplog, capsys
+):
     """training.plan: no calibration, the file's strategies in force (not a plan calibration could have
     frozen: every layer IHT/BF16/IHT), logged and saved as the run's plan; a resume takes the checkpoint's."""
     plan = ModelPlan(
@@ -358,6 +360,9 @@ def test_a_saved_plan_freezes_every_layer_from_step_0_and_resumes_without_its_fi
 
     plan_file.unlink()  # the checkpoint holds the plans
     assert main(["--out", str(run), "--resume", "--steps", "4"]) == 0
+    # another plan would misdescribe the steps run so far
+    assert main(["--out", str(run), "--resume", "--steps", "5", f"--training.plan={tmp_path / 'other.json'}"]) == 1
+    assert "which a resumed run cannot change (the plans every layer froze" in capsys.readouterr().err
     model = build_model_from_config(load_config(run / "config.toml"))
     assert load_checkpoint(run, model)["step"] == 4
     assert {m.plan for m in model.modules() if getattr(m, "plan", None) is not None} == {

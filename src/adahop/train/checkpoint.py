@@ -77,6 +77,7 @@ MATCHING_KEYS = {
     # checkpoint's state: a new offset would not take effect, and reseeding would make the config
     # misdescribe the steps before the resume.
     ("training", "rounding_seed_offset"): "the rounding noise, carried on by the checkpoint's generators",
+    ("training", "plan"): "the plans every layer froze at step 0 (the checkpoint carries them)",
 }
 APPLIED_SECTIONS = ("optim", "checkpoint", "logging")
 APPLIED_KEYS = {
