@@ -184,9 +184,9 @@ def gpu_idle(kernels: list[Kernel]) -> dict:
     ordered = sorted(kernels)
     first = ordered[0]
     start, end, last = first.start_us, first.end_us, first  # ``last``: the kernel that ends last so far
-    busy = idle_preparation = idle_other = idle_long = 0.0
-    gaps = long_gaps = 0
-    longest = []
+    busy = idle_preparation = idle_other = 0.0
+    gaps = 0
+    long_gaps = []  # (gap, where it starts, the kernel before, the kernel after)
     for kernel in ordered[1:]:
         if kernel.start_us > end:  # a gap: close the busy interval
             gap = kernel.start_us - end
@@ -197,14 +197,12 @@ def gpu_idle(kernels: list[Kernel]) -> dict:
             else:
                 idle_other += gap
             if gap > LONG_GAP_US:
-                long_gaps += 1
-                idle_long += gap
-                longest.append((gap, end - first.start_us, last.name, kernel.name))
+                long_gaps.append((gap, end - first.start_us, last.name, kernel.name))
             start, end, last = kernel.start_us, kernel.end_us, kernel
         elif kernel.end_us > end:
             end, last = kernel.end_us, kernel
     busy += end - start
-    longest.sort(key=lambda g: -g[0])
+    long_gaps.sort(key=lambda g: -g[0])
     return {
         "gpu_span_ms": (end - first.start_us) / 1e3,
         "gpu_busy_ms": busy / 1e3,
@@ -212,11 +210,11 @@ def gpu_idle(kernels: list[Kernel]) -> dict:
         "gpu_idle_next_to_preparation_ms": idle_preparation / 1e3,
         "gpu_idle_other_ms": idle_other / 1e3,
         "gpu_gaps": gaps,
-        "gpu_long_gaps": long_gaps,
-        "gpu_idle_long_gaps_ms": idle_long / 1e3,
+        "gpu_long_gaps": len(long_gaps),
+        "gpu_idle_long_gaps_ms": sum(g[0] for g in long_gaps) / 1e3,
         "gpu_longest_gaps": [
             {"ms": gap / 1e3, "at_ms": at / 1e3, "after": after, "before": before}
-            for gap, at, after, before in longest[:LONGEST_GAPS]
+            for gap, at, after, before in long_gaps[:LONGEST_GAPS]
         ],
     }
 

@@ -190,13 +190,6 @@ def row_blocks(
     v2 = row_slice(x2, signs_ptr, 2, SPEC)
     x3 = tl.load(x_ptr + offs + 24, mask=row_ok & (cols + 24 < N), other=0)
     v3 = row_slice(x3, signs_ptr, 3, SPEC)
-    return _finish_blocks(x0, x1, x2, x3, v0, v1, v2, v3, hadamard_scale, SPEC)
-
-
-@triton.jit
-def _finish_blocks(x0, x1, x2, x3, v0, v1, v2, v3, hadamard_scale, SPEC: tl.constexpr):
-    """The rest of ``row_blocks`` after ``row_slice``: the score, butterfly stages 8 and 16, the
-    block maxima and scales."""
     score = 0.0
     if SPEC.scores:  # from the loaded values, before the Hadamard
         BF16: tl.constexpr = SPEC.input_bf16  # a plain local would compile both of to_float32's branches

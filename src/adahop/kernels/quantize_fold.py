@@ -76,118 +76,6 @@ def _store_folded_exact(out_ptr, magnitudes, negative, sign_weight, shift, nan, 
 
 
 @triton.jit
-def store_folded_rows(
-    v0,
-    v1,
-    v2,
-    v3,
-    inv_scale,
-    limit,
-    sign_weight,
-    scale_codes,
-    score,
-    rows,
-    blocks,
-    M,
-    N,
-    seed,
-    out_ptr,
-    row_scale_ptr,
-    lossy_ptr,
-    score_ptr,
-    SPEC: tl.constexpr,
-):
-    """Encode, fold and store whole rows from ``row_blocks``' outputs: the E4M3 bytes, each row's
-    scale and lossy count (and score with ``SPEC.scores``)."""
-    ref, lossy = store_folded_blocks(
-        v0, v1, v2, v3, inv_scale, limit, sign_weight, scale_codes, None, rows, blocks, M, N, seed, out_ptr, SPEC
-    )
-    store_row_scales(ref, lossy, score, rows, M, row_scale_ptr, lossy_ptr, score_ptr, SPEC)
-
-
-@triton.jit
-def row_reference(scale_codes, rows, blocks, M, N):
-    """Each row's reference exponent over ``blocks``: its largest finite block code (NaN blocks and
-    blocks past N left out; 0 if none). A kernel that sees a row in parts takes the max over them."""
-    valid = (rows < M)[:, None] & (blocks < N // 32)[None, :]
-    codes = scale_codes.to(tl.int32)
-    return tl.max(tl.where(valid & (codes != 255), codes, 0), axis=1)
-
-
-@triton.jit
-def store_folded_blocks(
-    v0, v1, v2, v3, inv_scale, limit, sign_weight, scale_codes, ref, rows, blocks, M, N, seed, out_ptr, SPEC: tl.constexpr
-):  # fmt: skip
-    """Encode, fold against the rows' reference exponents ``ref`` ([R]; None: ``row_reference`` of these
-    blocks, whole rows) and store ``blocks`` of ``rows``; returns ``ref`` and each row's count of elements
-    that lost bits in these blocks."""
-    # Magnitude codes (sign weight 0), with Philox counters as in the packed layout (call c draws
-    # the noise of elements 16c..16c+15), so the noise, and so the codes, are those of quantize_mx_triton.
-    call0 = rows.to(tl.int64)[:, None] * (N // 16) + (blocks * 2)[None, :]
-    noise0, noise1 = slice_noise(seed, call0, SPEC)
-    m0 = row_codes(v0, inv_scale, limit, 0, noise0, SPEC)
-    m1 = row_codes(v1, inv_scale, limit, 0, noise1, SPEC)
-    noise2, noise3 = slice_noise(seed, call0 + 1, SPEC)
-    m2 = row_codes(v2, inv_scale, limit, 0, noise2, SPEC)
-    m3 = row_codes(v3, inv_scale, limit, 0, noise3, SPEC)
-    n0, n1, n2, n3 = sign_bit(v0), sign_bit(v1), sign_bit(v2), sign_bit(v3)
-    return store_folded_codes(
-        m0, m1, m2, m3, n0, n1, n2, n3, sign_weight, scale_codes, ref, rows, blocks, M, N, out_ptr
-    )
-
-
-@triton.jit
-def store_folded_codes(
-    m0, m1, m2, m3, n0, n1, n2, n3, sign_weight, scale_codes, ref, rows, blocks, M, N, out_ptr
-):  # fmt: skip
-    """Fold and store four slices' E2M1 magnitude codes ``m0..m3`` with their sign bits ``n0..n3``
-    ([R, NB, 8] each, uint32) against ``ref`` (as ``store_folded_blocks``); returns ``ref`` and each
-    row's count of elements that lost bits."""
-    BLOCK_M: tl.constexpr = rows.shape[0]
-    row_ok = rows < M
-    valid = row_ok[:, None] & (blocks < N // 32)[None, :]
-    codes = scale_codes.to(tl.int32)
-    nan_block = codes == 255
-    counted = valid & ~nan_block
-    if ref is None:
-        ref = row_reference(scale_codes, rows, blocks, M, N)
-    shift = codes - ref[:, None] + _OFFSET
-    offs = rows.to(tl.int64)[:, None, None] * N + (blocks * 32)[None, :, None] + tl.arange(0, 8)[None, None, :]
-    ok = valid[:, :, None]
-    # One decision per program keeps the common case free of rounding work and reductions.
-    if tl.min(tl.where(counted, shift, _OFFSET)) >= _MIN_NORMAL_SHIFT:
-        exp_bits = ((shift + _OFFSET) * 8)[:, :, None]
-        sign_bits = (sign_weight * (_E4M3_SIGN // 8)).to(tl.int32)  # 0x80, or 0 in a NaN block
-        nan_bits = tl.where(nan_block, _E4M3_NAN, 0)[:, :, None]
-        _store_folded_normal(out_ptr, m0.to(tl.int32), n0, exp_bits, sign_bits, nan_bits, ok, offs)
-        _store_folded_normal(out_ptr, m1.to(tl.int32), n1, exp_bits, sign_bits, nan_bits, ok, offs + 8)
-        _store_folded_normal(out_ptr, m2.to(tl.int32), n2, exp_bits, sign_bits, nan_bits, ok, offs + 16)
-        _store_folded_normal(out_ptr, m3.to(tl.int32), n3, exp_bits, sign_bits, nan_bits, ok, offs + 24)
-        lossy = tl.zeros([BLOCK_M], dtype=tl.int32)
-    else:
-        flushed = tl.maximum(shift, _FLUSH)[:, :, None]
-        nan = nan_block[:, :, None]
-        lossy = _store_folded_exact(out_ptr, m0, n0, sign_weight, flushed, nan, ok, offs)
-        lossy += _store_folded_exact(out_ptr, m1, n1, sign_weight, flushed, nan, ok, offs + 8)
-        lossy += _store_folded_exact(out_ptr, m2, n2, sign_weight, flushed, nan, ok, offs + 16)
-        lossy += _store_folded_exact(out_ptr, m3, n3, sign_weight, flushed, nan, ok, offs + 24)
-    return ref, lossy
-
-
-@triton.jit
-def store_row_scales(ref, lossy, score, rows, M, row_scale_ptr, lossy_ptr, score_ptr, SPEC: tl.constexpr):
-    """Each row's scale from its reference exponent, its lossy count, and (``SPEC.scores``) its score."""
-    row_ok = rows < M
-    # 2**(ref - 127 - FOLD_OFFSET) from bits; a subnormal float32 when the biased exponent is <= 0.
-    scale_exp = ref - _OFFSET
-    scale_bits = tl.where(scale_exp > 0, scale_exp << 23, 1 << (22 + scale_exp))
-    tl.store(row_scale_ptr + rows, scale_bits, mask=row_ok)
-    tl.store(lossy_ptr + rows, lossy, mask=row_ok)
-    if SPEC.scores:  # a program holds whole rows
-        tl.store(score_ptr + rows, score, mask=row_ok)
-
-
-@triton.jit
 def _quantize_fold_rows_kernel(
     x_ptr,
     signs_ptr,
@@ -211,10 +99,52 @@ def _quantize_fold_rows_kernel(
     v0, v1, v2, v3, inv_scale, limit, sign_weight, scale_codes, score = row_blocks(
         x_ptr, signs_ptr, rows, blocks, M, N, stride_m, hadamard_scale, SPEC
     )
-    store_folded_rows(
-        v0, v1, v2, v3, inv_scale, limit, sign_weight, scale_codes, score,
-        rows, blocks, M, N, seed, out_ptr, row_scale_ptr, lossy_ptr, score_ptr, SPEC,
-    )  # fmt: skip
+    # Magnitude codes (sign weight 0), with Philox counters as in the packed layout (call c draws
+    # the noise of elements 16c..16c+15), so the noise, and so the codes, are those of quantize_mx_triton.
+    call0 = rows.to(tl.int64)[:, None] * (N // 16) + (blocks * 2)[None, :]
+    noise0, noise1 = slice_noise(seed, call0, SPEC)
+    m0 = row_codes(v0, inv_scale, limit, 0, noise0, SPEC)
+    m1 = row_codes(v1, inv_scale, limit, 0, noise1, SPEC)
+    noise2, noise3 = slice_noise(seed, call0 + 1, SPEC)
+    m2 = row_codes(v2, inv_scale, limit, 0, noise2, SPEC)
+    m3 = row_codes(v3, inv_scale, limit, 0, noise3, SPEC)
+    n0, n1, n2, n3 = sign_bit(v0), sign_bit(v1), sign_bit(v2), sign_bit(v3)
+
+    # The row's reference: its largest finite block code (NaN blocks and blocks past N left out).
+    row_ok = rows < M
+    valid = row_ok[:, None] & (blocks < N // 32)[None, :]
+    codes = scale_codes.to(tl.int32)
+    nan_block = codes == 255
+    counted = valid & ~nan_block
+    ref = tl.max(tl.where(counted, codes, 0), axis=1)
+    shift = codes - ref[:, None] + _OFFSET
+    offs = rows.to(tl.int64)[:, None, None] * N + (blocks * 32)[None, :, None] + tl.arange(0, 8)[None, None, :]
+    ok = valid[:, :, None]
+    # One decision per program keeps the common case free of rounding work and reductions.
+    if tl.min(tl.where(counted, shift, _OFFSET)) >= _MIN_NORMAL_SHIFT:
+        exp_bits = ((shift + _OFFSET) * 8)[:, :, None]
+        sign_bits = (sign_weight * (_E4M3_SIGN // 8)).to(tl.int32)  # 0x80, or 0 in a NaN block
+        nan_bits = tl.where(nan_block, _E4M3_NAN, 0)[:, :, None]
+        _store_folded_normal(out_ptr, m0.to(tl.int32), n0, exp_bits, sign_bits, nan_bits, ok, offs)
+        _store_folded_normal(out_ptr, m1.to(tl.int32), n1, exp_bits, sign_bits, nan_bits, ok, offs + 8)
+        _store_folded_normal(out_ptr, m2.to(tl.int32), n2, exp_bits, sign_bits, nan_bits, ok, offs + 16)
+        _store_folded_normal(out_ptr, m3.to(tl.int32), n3, exp_bits, sign_bits, nan_bits, ok, offs + 24)
+        lossy = tl.zeros([BLOCK_M], dtype=tl.int32)
+    else:
+        flushed = tl.maximum(shift, _FLUSH)[:, :, None]
+        nan = nan_block[:, :, None]
+        lossy = _store_folded_exact(out_ptr, m0, n0, sign_weight, flushed, nan, ok, offs)
+        lossy += _store_folded_exact(out_ptr, m1, n1, sign_weight, flushed, nan, ok, offs + 8)
+        lossy += _store_folded_exact(out_ptr, m2, n2, sign_weight, flushed, nan, ok, offs + 16)
+        lossy += _store_folded_exact(out_ptr, m3, n3, sign_weight, flushed, nan, ok, offs + 24)
+
+    # 2**(ref - 127 - FOLD_OFFSET) from bits; a subnormal float32 when the biased exponent is <= 0.
+    scale_exp = ref - _OFFSET
+    scale_bits = tl.where(scale_exp > 0, scale_exp << 23, 1 << (22 + scale_exp))
+    tl.store(row_scale_ptr + rows, scale_bits, mask=row_ok)
+    tl.store(lossy_ptr + rows, lossy, mask=row_ok)
+    if SPEC.scores:  # a program holds whole rows
+        tl.store(score_ptr + rows, score, mask=row_ok)
 
 
 @functools.lru_cache(maxsize=1024)

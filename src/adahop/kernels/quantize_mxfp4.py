@@ -122,34 +122,6 @@ def _quantize_cols_kernel(
     seed = tl.load(seed_ptr)
     r0 = tl.program_id(0) * 32
     cols = tl.max_contiguous(tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N), 1)  # one per thread
-    quantize_column_blocks(
-        x_ptr, signs_ptr, data_ptr, scale_ptr, score_ptr, r0, cols, M, N, m_padded, seed, hadamard_scale,
-        STRIDE_M, MASKED, SPEC,
-    )  # fmt: skip
-
-
-@triton.jit
-def quantize_column_blocks(
-    x_ptr,
-    signs_ptr,
-    data_ptr,
-    scale_ptr,
-    score_ptr,
-    r0,
-    cols,
-    M,
-    N,
-    m_padded,
-    seed,
-    hadamard_scale,
-    STRIDE_M: tl.constexpr,
-    MASKED: tl.constexpr,
-    SPEC: tl.constexpr,
-):
-    """The column-wise MXFP4 of rows ``r0 .. r0 + 31`` (one block down each column) of ``cols``: loaded
-    as a [columns, rows] tile, one column per thread, quantized and stored (codes, E8M0 scales, and the
-    columns' scores with ``SPEC.scores``), as ``_quantize_cols_kernel``'s docstring describes."""
-    BLOCK_N: tl.constexpr = cols.shape[0]
     rows = tl.arange(0, 32)
     x_ptrs = x_ptr + r0.to(tl.int64) * STRIDE_M + cols[:, None] + (rows * STRIDE_M)[None, :]
     if MASKED:  # zero padding of a partial last block
