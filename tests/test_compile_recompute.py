@@ -136,20 +136,22 @@ def test_pass_leaves_stochastic_xt_and_checkpointed_blocks_as_they_are(checkpoin
 
 
 def test_trainer_compiles_blocks_with_the_pass_when_asked(small_overrides, tmp_path, monkeypatch):
-    """``training.recompute_wgrad_operands`` reaches the blocks' ``torch.compile`` as the Inductor pass
-    (compiling itself is skipped here: the blocks then run eagerly)."""
+    """``training.recompute_wgrad_operands`` reaches the blocks' ``torch.compile`` as the Inductor pass,
+    and the loss is compiled with them (compiling itself is skipped here: the model then runs eagerly)."""
     from adahop.models.llama import Transformer
     from adahop.nn.compiling import RecomputeWgradOperands
     from adahop.train import Trainer, load_config
 
-    asked = []
+    asked, losses = [], []
     monkeypatch.setattr(Transformer, "compile_blocks", lambda self, backend, options=None: asked.append(options))
+    monkeypatch.setattr(Transformer, "compile_loss", lambda self, backend: losses.append(backend))
     for on in (False, True):
         extra = {"training__compile": True, "training__recompute_wgrad_operands": on, "training__steps": 1}
         run = tmp_path / str(on)
         Trainer(load_config(None, small_overrides(run, recipe="mxfp4_hadamard", **extra)), progress=False).train()
     off, on = asked
     assert off == {} and isinstance(on["joint_custom_post_pass"], RecomputeWgradOperands)
+    assert losses == ["inductor", "inductor"]
 
 
 def _train(model: torch.nn.Module, recompute: bool, batches: torch.Tensor, shard: str = "") -> tuple[int, list, list]:

@@ -12,6 +12,7 @@ from adahop.models import (
     get_model_args,
     num_params,
 )
+from adahop.models.llama import IGNORE_INDEX, next_token_loss
 
 SMALL = dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=97, max_seq_len=32)
 
@@ -33,6 +34,29 @@ def test_shapes_and_loss_matches_cross_entropy():
     logp = torch.log_softmax(logits.double(), dim=-1)
     expected = -logp.gather(-1, targets[..., None]).mean()
     torch.testing.assert_close(loss.double(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_compiled_loss_matches_the_eager_loss_and_gradient():
+    """``compile_loss`` (the trainer's compile mode) changes how the loss runs, not what it computes:
+    the same loss and the same BF16 gradient of the logits as eager, ignored targets included."""
+    model = make_model()
+    tokens = torch.randint(0, 97, (3, 16), generator=torch.Generator().manual_seed(1))
+    targets = torch.randint(0, 97, (3, 16), generator=torch.Generator().manual_seed(2))
+    targets[0, :5] = IGNORE_INDEX
+
+    def loss_and_grad() -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = model(tokens)
+        logits.retain_grad()
+        loss = model.loss_fn(logits, targets)
+        loss.backward()
+        return loss.detach(), logits.grad
+
+    eager = loss_and_grad()
+    model.compile_loss()
+    compiled = loss_and_grad()
+    assert model.loss_fn is not next_token_loss
+    torch.testing.assert_close(compiled, eager)
 
 
 def test_initial_loss_is_near_uniform():

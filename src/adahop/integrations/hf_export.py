@@ -25,13 +25,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..analysis.evaluate import add_checkpoint_arguments, held_out
 from ..atomic import publish_dir, write_atomic
 from ..models import Transformer
-from ..models.llama import IGNORE_INDEX
+from ..models.llama import next_token_loss
 from ..nn import adahop_layers
 from ..policy.strategies import Strategy
 from .transformers import hf_state_dict, llama_config
@@ -53,8 +52,7 @@ class _CausalLoss(nn.Module):
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits = self.lm(input_ids=tokens).logits
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX)
-        return logits, loss
+        return logits, next_token_loss(logits, targets)
 
 
 def quantized_forward_layers(model: nn.Module) -> list[str]:

@@ -22,6 +22,12 @@ INIT_STD = 0.02
 IGNORE_INDEX = -100  # target value that the loss skips
 
 
+def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of ``logits`` [..., vocab] against ``targets`` [...], in fp32, skipping
+    ``IGNORE_INDEX``."""
+    return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten(), ignore_index=IGNORE_INDEX)
+
+
 @dataclass
 class ModelArgs:
     dim: int = 256
@@ -213,6 +219,7 @@ class Transformer(nn.Module):
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
         if args.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
+        self.loss_fn = next_token_loss  # compile_loss swaps in the compiled one
         # Derived from args, so not saved in checkpoints; filled by init_weights.
         table_shape = (args.max_seq_len, args.head_dim // 2)
         self.register_buffer("rope_cos", torch.empty(table_shape), persistent=False)
@@ -244,6 +251,12 @@ class Transformer(nn.Module):
         for block in self.layers:
             block.compile(backend=backend, options=options or None)
 
+    def compile_loss(self, backend: str = "inductor") -> None:
+        """``torch.compile`` the loss (torchtitan's ``compile.components`` has it too): eager, the fp32
+        cast, the log-softmax and their backward each write a [tokens, vocab] tensor, the largest of the
+        step at a Llama 3 vocabulary; compiled, they fuse into reductions over the BF16 logits."""
+        self.loss_fn = torch.compile(next_token_loss, backend=backend)
+
     def forward(
         self, tokens: torch.Tensor, targets: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -259,8 +272,7 @@ class Transformer(nn.Module):
         logits = self.output(self.norm(h))
         if targets is None:
             return logits
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX)
-        return logits, loss
+        return logits, self.loss_fn(logits, targets)
 
     @property
     def recompute(self) -> bool:

@@ -380,7 +380,7 @@ class Trainer:
         log.info("strategy plan %s (step %d, recipe %s):\n%s", how, self.step, recipe, plan.summary())
 
     def _maybe_compile(self) -> None:
-        """Compile the transformer blocks once no layer calibrates: calibration would compile (it
+        """Compile the transformer blocks and the loss once no layer calibrates: calibration would compile (it
         traces) but run its BF16 graph for a few steps only; a frozen plan never changes again."""
         if self._compiled or not self.cfg.training.compile or self.phase == "calibrating":
             return
@@ -391,9 +391,10 @@ class Trainer:
         reserve_compiled_graphs(3 * plans * len(self.model.layers))
         options = compile_options(self.cfg.training.recompute_wgrad_operands)
         self.model.compile_blocks(self.cfg.training.compile_backend, options=options)
+        self.model.compile_loss(self.cfg.training.compile_backend)
         self._compiled = True
         log.info(
-            "compiled %d transformer blocks (backend %s%s)",
+            "compiled %d transformer blocks and the loss (backend %s%s)",
             len(self.model.layers),
             self.cfg.training.compile_backend,
             ", wgrad's operands recomputed in backward" if options else "",
