@@ -24,6 +24,8 @@
 #   TESTS [""]       pytest arguments run first through benchmarks/gpu-tests/run_gpu_tests.sh (e.g.
 #                    "tests/test_gpu_step.py tests/test_gpu_linear.py"), stopped after TESTS_LIMIT [240] s
 #   LIMIT [585]      seconds from the start by which everything is done (the call has 600)
+#   ADAHOP_COMMIT [git rev-parse HEAD]   the commit the logs name: pass it on the GPU machine, whose copy of the
+#                    checkout once carried stale git metadata (2026-12-05-h200-compiled-loss/)
 #
 # Output ($OUT, at most 6 files): step_bench.log (this log), gpu-tests.txt, bench.json, bench.md,
 # bench.log (the bench's own output) and, when the bench was cut short, bench.partial.json.

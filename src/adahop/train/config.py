@@ -95,7 +95,7 @@ class TrainingConfig:
     rounding_seed_offset: int = 0
     device: str = "auto"  # "auto": CUDA when available
     autocast: bool = True  # bf16 autocast on CUDA (CPU runs in fp32)
-    compile: bool = False  # torch.compile each transformer block once calibration has frozen the plans
+    compile: bool = False  # torch.compile the loss, and each transformer block once calibration has frozen the plans
     compile_backend: str = "inductor"  # a torch.compile backend ("aot_eager" needs no C++ compiler)
     # Compiled blocks (Inductor) make wgrad's operand (Xᵀ quantized, OE-right's BF16 channels, a BF16 X) in
     # backward from an X recomputed element-wise from what the block keeps anyway, instead of keeping it from
