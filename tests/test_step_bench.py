@@ -332,3 +332,35 @@ def test_step_bench_mode_suffixes_set_their_training_knobs(monkeypatch, tmp_path
         True,
     )
     assert (off.recompute_wgrad_operands, off.weight_operands_once_per_step, off.cuda_graph) == (False, True, False)
+
+
+def test_bounds_table_splits_each_step_and_puts_the_preparation_kernels_at_their_floor():
+    """benchmarks/step/bounds.py on a committed H200 run: every measured row's parts add up to the run's
+    CUDA time, and an "at their fused floor" row is that time less the roofline kernels' measured time plus
+    their fused floor (the Inductor kernels that feed them kept as measured)."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    step = Path(__file__).parents[1] / "benchmarks" / "step"
+    spec = importlib.util.spec_from_file_location("bounds", step / "bounds.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    runs = json.loads((step / "2026-12-05-h200-compiled-loss" / "n4-1b-8x2048" / "bench.json").read_text())
+    runs = runs["step"]["cases"]["llama3_1b_8x2048"]["runs"]
+    table = {row.split(" | ")[1]: row for row in script.rows("1b", runs)}
+
+    def cells(label: str) -> list[float]:  # GEMM, preparation (0 for "-"), element-wise, rest, step
+        return [0.0 if c == "-" else float(c) for c in table[label].strip("| ").split(" | ")[2:7]]
+
+    bf16_ms = runs["bf16/compile+graph"]["profile"]["cuda_ms"]
+    assert table["bf16"].endswith("| 1.00x | 0.89x |")
+    for recipe in ("bf16", "float8_tensorwise", "adahop_lv2", "adahop_lv1_fp8_forward"):
+        *parts, total = cells(recipe)
+        assert sum(parts) == pytest.approx(total, abs=0.2)
+        assert total == pytest.approx(runs[f"{recipe}/compile+graph"]["profile"]["cuda_ms"], abs=0.05)
+    lv2 = runs["adahop_lv2/compile+graph"]
+    roof = lv2["roofline"]["total"]
+    at_floor = lv2["profile"]["cuda_ms"] - roof["ms"] + roof["one_read_floor_ms"]
+    assert cells("adahop_lv2, preparation kernels at their fused floor")[4] == pytest.approx(at_floor, abs=0.05)
+    assert table["adahop_lv2, preparation kernels at their fused floor"].split(" | ")[7] == f"{bf16_ms / at_floor:.2f}x"

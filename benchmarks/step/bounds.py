@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 
 PREPARATION_FAMILIES = ("quantize", "fold", "top-k")
+OTHER = "attention, other, optimizer, norm"  # every family but GEMM, preparation and element-wise
 FLOOR_MULTIPLES = (1.5, 1.0)  # the target (1.5x its floor), and the floor itself
 
 
@@ -73,7 +74,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("bench_json", nargs="+", type=Path)
     args = parser.parse_args()
-    print("| case | CUDA ms | GEMM | preparation | element-wise | attention, other, optimizer, norm | step | vs BF16 | vs float8 tw |")
+    print(f"| case | recipe (CUDA ms) | GEMM | preparation | element-wise | {OTHER} | step | vs BF16 | vs float8 tw |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for path in args.bench_json:
         for case_key, case in json.loads(path.read_text())["step"]["cases"].items():
