@@ -181,17 +181,13 @@ class Trainer:
         self.named_layers = adahop_layers(self.model)
         self.layers = list(self.named_layers.values())
         self.tokens_per_step = cfg.data.batch_size * cfg.data.seq_len * cfg.training.grad_accum
-        # The loss compiles at once (the blocks after calibration): it has nothing to calibrate, and eager
-        # it would set calibration's memory peak.
-        if cfg.training.compile:
-            self.model.compile_loss(cfg.training.compile_backend)
         if plan is not None:
             try:
                 load_plan(self.model, plan)
             except ValueError as e:  # a plan of another model or recipe
                 raise ConfigError(f"training.plan={cfg.training.plan}: {e}") from None
         self.step = 0
-        self._plan_saved = self._compiled = self._plan_restored = False
+        self._plan_saved = self._compiled = self._loss_compiled = self._plan_restored = False
         self._plan_loaded = plan is not None  # training.plan's
         self.step_phase = self.phase  # the phase the latest step ran in (a freeze ends a calibrating step)
         self._graphed: GraphedMicroStep | None = None
@@ -384,9 +380,15 @@ class Trainer:
         log.info("strategy plan %s (step %d, recipe %s):\n%s", how, self.step, recipe, plan.summary())
 
     def _maybe_compile(self) -> None:
-        """Compile the transformer blocks once no layer calibrates: calibration would compile (it
-        traces) but run its BF16 graph for a few steps only; a frozen plan never changes again."""
-        if self._compiled or not self.cfg.training.compile or self.phase == "calibrating":
+        """Compile the loss at once (it has nothing to calibrate, and eager it would set the run's memory
+        peak during calibration) and the transformer blocks once no layer calibrates: calibration would
+        compile (it traces) but run its BF16 graph for a few steps only; a frozen plan never changes again."""
+        if not self.cfg.training.compile:
+            return
+        if not self._loss_compiled:
+            self.model.compile_loss(self.cfg.training.compile_backend)
+            self._loss_compiled = True
+        if self._compiled or self.phase == "calibrating":
             return
         # Blocks with other plans are other graphs (so are the plans of the late BF16 forward), and so
         # is each variant of weight_operands_cached (W quantized and kept, W's kept operands read)
